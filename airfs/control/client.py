@@ -1,0 +1,137 @@
+"""Blocking client of a mount's control socket (used by the CLI and by :mod:`airfs.data`).
+
+Nothing here needs trio; every call opens a connection, sends one request and reads the reply.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from .protocol import MOUNT_TYPE, decode, encode, socket_path
+
+
+class ControlError(RuntimeError):
+    """The daemon answered with an error, or could not be reached."""
+
+    def __init__(self, message: str, err: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = err
+
+
+def _airfs_mounts() -> set[str]:
+    out: set[str] = set()
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] == MOUNT_TYPE:
+                    out.add(parts[1].encode().decode("unicode_escape"))
+    except OSError:
+        pass
+    return out
+
+
+def find_mount(path: str) -> str | None:
+    """The mountpoint of the airfs mount containing ``path``, or None if it is not on one."""
+    mounts = _airfs_mounts()
+    if not mounts:
+        return None
+    p = os.path.realpath(path)
+    while True:
+        if p in mounts:
+            return p
+        parent = os.path.dirname(p)
+        if parent == p:
+            return None
+        p = parent
+
+
+def request(
+    mountpoint: str,
+    op: str,
+    *,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    timeout: float | None = None,
+    **args: Any,
+) -> Any:
+    """Send ``op`` with ``args`` to the daemon of ``mountpoint``; return its result.
+
+    Progress lines are passed to ``on_progress``. Raises :class:`ControlError` when the daemon
+    cannot be reached or answers with an error.
+    """
+    path = socket_path(mountpoint)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        try:
+            s.connect(path)
+        except OSError as exc:
+            raise ControlError(
+                f"cannot reach the airfs daemon of {mountpoint} ({path}): {exc.strerror or exc}"
+            ) from None
+        s.sendall(encode({"op": op, **args}))
+        with s.makefile("rb") as f:
+            for line in f:
+                msg = decode(line)
+                if "progress" in msg:
+                    if on_progress is not None:
+                        on_progress(msg["progress"])
+                    continue
+                if msg.get("ok"):
+                    return msg.get("result")
+                raise ControlError(str(msg.get("error", "unknown error")), msg.get("errno"))
+        raise ControlError(f"the airfs daemon of {mountpoint} closed the connection")
+    finally:
+        s.close()
+
+
+def status(mountpoint: str) -> dict[str, Any]:
+    """The daemon's status record (see ``airfs status --json``)."""
+    result = request(mountpoint, "status")
+    assert isinstance(result, dict)
+    return result
+
+
+def _rel_paths(mountpoint: str, paths: Iterable[str]) -> list[str]:
+    root = os.path.realpath(mountpoint)
+    out = []
+    for p in paths:
+        rp = os.path.realpath(p)
+        rel = os.path.relpath(rp, root)
+        if rel == ".":
+            rel = ""
+        if rel.startswith(".."):
+            raise ControlError(f"{p}: not under the airfs mount {mountpoint}")
+        out.append(rel)
+    return out
+
+
+def warm(
+    mountpoint: str,
+    paths: Iterable[str],
+    jobs: int = 128,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Fetch whole files (directories recursively) into the mount's cache."""
+    result = request(
+        mountpoint, "warm", paths=_rel_paths(mountpoint, paths), jobs=jobs, on_progress=on_progress
+    )
+    assert isinstance(result, dict)
+    return result
+
+
+def prefetch(mountpoint: str, paths: Iterable[str]) -> None:
+    """Ask the daemon to start fetching ``paths`` in the background; returns at once."""
+    request(mountpoint, "prefetch", paths=_rel_paths(mountpoint, paths))
+
+
+def flush(mountpoint: str, path: str | None = None, timeout: float | None = None) -> dict[str, Any]:
+    """Return once every write under ``path`` (default: the whole mount) made before the call
+    is committed at the origin. Raises :class:`ControlError` if some cannot be committed."""
+    rel = _rel_paths(mountpoint, [path or mountpoint])[0]
+    result = request(mountpoint, "flush", path=rel, timeout=timeout)
+    assert isinstance(result, dict)
+    return result

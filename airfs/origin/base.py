@@ -1,0 +1,271 @@
+"""The origin interface: what airfs puts its cache in front of.
+
+An origin is a tree of objects addressed by relative POSIX-style paths (``""`` is the root,
+``"a/b.bin"`` a file two levels down; never a leading or trailing slash). It has object-store
+semantics so that a directory and an S3-compatible bucket fit behind one interface:
+
+* every object has a *version tag* (S3: the ETag; POSIX: inode, size and mtime_ns). A changed
+  object has a new tag, which is what keeps cached bytes from ever being served stale;
+* :meth:`Origin.put` is atomic: a reader sees the old object or the whole new one, never a mix;
+* errors are typed (:class:`NotFound`, :class:`Exists`, ...), each carrying the errno the
+  filesystem returns for it; :class:`Transient` errors may be retried (:func:`retry`).
+
+Implementations are *synchronous* and thread-safe: the filesystem core calls them from worker
+threads (``trio.to_thread.run_sync`` with a ``CapacityLimiter``), never on the trio loop.
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Protocol, TypeVar, runtime_checkable
+
+log = logging.getLogger(__name__)
+
+
+class Kind(enum.Enum):
+    """What an origin entry is."""
+
+    FILE = "file"
+    DIR = "dir"
+    SYMLINK = "symlink"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One object (or directory) of an origin, as :meth:`Origin.stat` and :meth:`Origin.list`
+    report it.
+
+    ``name`` is the last path component (``""`` for the root). ``version`` identifies the
+    content: equal versions mean equal bytes. Directories have version ``""``. ``mode`` holds
+    permission bits only (no file-type bits).
+    """
+
+    name: str
+    kind: Kind
+    size: int
+    mtime_ns: int
+    mode: int
+    version: str
+
+
+@dataclass(frozen=True, slots=True)
+class FsStats:
+    """Capacity figures for ``statfs``; an origin with no limit reports large numbers."""
+
+    block_size: int
+    total_blocks: int
+    free_blocks: int
+    total_files: int
+    free_files: int
+
+
+class OriginError(OSError):
+    """Base of all origin errors. ``errno`` is what the filesystem replies with."""
+
+    default_errno = errno.EIO
+    transient = False
+
+    def __init__(self, message: str, err: int | None = None) -> None:
+        code = self.default_errno if err is None else err
+        super().__init__(code, message)
+
+
+class NotFound(OriginError):
+    default_errno = errno.ENOENT
+
+
+class Exists(OriginError):
+    default_errno = errno.EEXIST
+
+
+class NotEmpty(OriginError):
+    default_errno = errno.ENOTEMPTY
+
+
+class IsADir(OriginError):
+    default_errno = errno.EISDIR
+
+
+class NotADir(OriginError):
+    default_errno = errno.ENOTDIR
+
+
+class PermissionDenied(OriginError):
+    default_errno = errno.EACCES
+
+
+class NotSupported(OriginError):
+    default_errno = errno.EOPNOTSUPP
+
+
+class Conflict(OriginError):
+    """A conditional operation lost: the object's version is not the one the caller expected."""
+
+    default_errno = errno.EIO
+
+
+class NoSpace(OriginError):
+    default_errno = errno.ENOSPC
+
+
+class Transient(OriginError):
+    """A failure that may go away (network error, timeout, throttling, 5xx): retry it."""
+
+    default_errno = errno.EIO
+    transient = True
+
+
+_BY_ERRNO: dict[int, type[OriginError]] = {
+    errno.ENOENT: NotFound,
+    errno.EEXIST: Exists,
+    errno.ENOTEMPTY: NotEmpty,
+    errno.EISDIR: IsADir,
+    errno.ENOTDIR: NotADir,
+    errno.EACCES: PermissionDenied,
+    errno.EPERM: PermissionDenied,
+    errno.EOPNOTSUPP: NotSupported,
+    errno.ENOSPC: NoSpace,
+    errno.EDQUOT: NoSpace,
+    errno.EAGAIN: Transient,
+    errno.EINTR: Transient,
+    errno.ETIMEDOUT: Transient,
+    errno.ECONNRESET: Transient,
+    errno.ECONNREFUSED: Transient,
+}
+
+
+def from_oserror(exc: OSError, path: str) -> OriginError:
+    """Translate an ``OSError`` into the typed origin error with the same errno."""
+    if isinstance(exc, OriginError):
+        return exc
+    code = exc.errno if exc.errno is not None else errno.EIO
+    cls = _BY_ERRNO.get(code, OriginError)
+    return cls(f"{path or '/'}: {exc.strerror or exc}", code)
+
+
+@runtime_checkable
+class Origin(Protocol):
+    """The storage behind a mount. All paths are relative (see the module docstring)."""
+
+    #: Human-readable description, e.g. ``"/data/volumes"`` or ``"s3://bucket/prefix"``.
+    url: str
+
+    def stat(self, path: str) -> Entry:
+        """Describe one object or directory. Raises :class:`NotFound`."""
+        ...
+
+    def list(self, path: str) -> Iterable[Entry]:
+        """Entries directly under directory ``path`` (any order, no ``.``/``..``).
+
+        Raises :class:`NotFound` or :class:`NotADir`.
+        """
+        ...
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        """Up to ``size`` bytes from ``offset`` (short only at end of object).
+
+        With ``version`` given, raises :class:`Conflict` if the object is no longer that version
+        (so a reader never mixes bytes of two versions).
+        """
+        ...
+
+    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+        """Atomically replace (or create) ``path`` with the content of local file ``source``.
+
+        Readers see the old object or the whole new one. With ``if_match`` (a version tag, or
+        ``""`` meaning "must not exist"), raises :class:`Conflict` when the current object does
+        not match, where the origin can check it. Returns the new entry (with its version).
+        """
+        ...
+
+    def delete(self, path: str) -> None:
+        """Remove a file or symlink. Raises :class:`NotFound`, :class:`IsADir`."""
+        ...
+
+    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+        """Create a directory. Raises :class:`Exists`, :class:`NotFound` (no parent)."""
+        ...
+
+    def rmdir(self, path: str) -> None:
+        """Remove an empty directory.
+
+        Raises :class:`NotEmpty`, :class:`NotFound`, :class:`NotADir`.
+        """
+        ...
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        """Move ``src`` to ``dst``. A file replaces an existing file at ``dst`` (atomically where
+        the origin allows); ``replace=False`` raises :class:`Exists` instead. A directory may
+        replace only an empty directory. Directory renames on object stores are not atomic.
+        """
+        ...
+
+    def symlink(self, path: str, target: str) -> Entry:
+        """Create a symbolic link at ``path`` pointing to ``target``. Raises :class:`Exists`."""
+        ...
+
+    def readlink(self, path: str) -> str:
+        """The target of symlink ``path``."""
+        ...
+
+    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
+        """Change permission bits and/or modification time where the origin keeps them.
+
+        Origins that cannot store them accept the call and return the entry unchanged.
+        """
+        ...
+
+    def statfs(self) -> FsStats:
+        """Capacity figures."""
+        ...
+
+    def close(self) -> None:
+        """Release resources (file descriptors, connections)."""
+        ...
+
+
+T = TypeVar("T")
+
+
+def retry(
+    fn: Callable[[], T],
+    *,
+    attempts: int = 5,
+    base_delay: float = 0.1,
+    max_delay: float = 5.0,
+    what: str = "origin call",
+    sleep: Callable[[float], None] = time.sleep,
+) -> T:
+    """Call ``fn`` until it succeeds, retrying :class:`Transient` errors with jittered
+    exponential backoff. Non-transient errors and the last transient one propagate.
+
+    Blocking (it sleeps): call it from a worker thread.
+    """
+    delay = base_delay
+    for attempt in range(1, attempts + 1):
+        try:
+            return fn()
+        except OriginError as exc:
+            if not exc.transient or attempt == attempts:
+                raise
+            log.warning("%s failed (attempt %d/%d): %s", what, attempt, attempts, exc)
+        sleep(random.uniform(0, delay))
+        delay = min(max_delay, delay * 2)
+    raise AssertionError("unreachable")
+
+
+def join(parent: str, name: str) -> str:
+    """Join a relative directory path and a name (``join("", "a") == "a"``)."""
+    return f"{parent}/{name}" if parent else name
+
+
+def split(path: str) -> tuple[str, str]:
+    """Split a relative path into (parent, name); ``split("a/b") == ("a", "b")``."""
+    parent, _, name = path.rpartition("/")
+    return parent, name

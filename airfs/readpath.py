@@ -1,0 +1,90 @@
+"""The read path's interface to the filesystem core, and its simplest implementation.
+
+The core opens one :class:`Reader` per open file handle of a file whose bytes come from the
+origin (files being written are read from their staging file instead). The reader decides how
+bytes are fetched: straight from the origin (:class:`DirectReadPath`), or through the block
+cache and prefetcher (:mod:`airfs.cache`).
+
+Contract for every implementation: bytes returned by ``Reader.read`` belong to exactly the
+object version the reader was opened on; if the origin no longer has that version and the bytes
+are not cached, ``read`` raises :class:`airfs.origin.base.Conflict` (the core reports EIO) rather
+than mixing versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .origin.aio import AsyncOrigin
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRef:
+    """One version of one object: what a reader reads."""
+
+    path: str
+    version: str
+    size: int
+
+
+class Reader(Protocol):
+    """A read stream over one object version (one per open file handle)."""
+
+    async def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset``; short only at the end of the object."""
+        ...
+
+    def close(self) -> None:
+        """The handle was released; drop stream state (prefetched-but-unread data may stay
+        cached)."""
+        ...
+
+
+class ReadPath(Protocol):
+    """Creates readers; owns whatever cache sits between the core and the origin."""
+
+    def open(self, obj: ObjectRef) -> Reader: ...
+
+    async def warm(self, obj: ObjectRef) -> int:
+        """Make the whole object local (if there is a cache); return the bytes fetched from the
+        origin."""
+        ...
+
+    def statistics(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _DirectReader:
+    def __init__(self, origin: AsyncOrigin, obj: ObjectRef) -> None:
+        self._origin = origin
+        self._obj = obj
+
+    async def read(self, offset: int, size: int) -> bytes:
+        size = max(0, min(size, self._obj.size - offset))
+        if size == 0:
+            return b""
+        return await self._origin.read_range(self._obj.path, offset, size, self._obj.version)
+
+    def close(self) -> None:
+        pass
+
+
+class DirectReadPath:
+    """No cache: every read is a range read of the origin. The baseline and the fallback."""
+
+    def __init__(self, origin: AsyncOrigin) -> None:
+        self._origin = origin
+
+    def open(self, obj: ObjectRef) -> Reader:
+        return _DirectReader(self._origin, obj)
+
+    async def warm(self, obj: ObjectRef) -> int:
+        return 0
+
+    def statistics(self) -> dict[str, Any]:
+        return {"kind": "direct"}
+
+    async def aclose(self) -> None:
+        pass

@@ -1,0 +1,230 @@
+"""An in-memory origin and a fault-injecting wrapper: test tools for the core, not substitutes
+for the real origins (which run the same conformance suite).
+
+``MemoryOrigin`` counts calls per operation in ``calls`` and bytes read in ``bytes_read`` so
+tests can assert what reached the origin.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from airfs.origin.base import (
+    Conflict,
+    Entry,
+    Exists,
+    FsStats,
+    IsADir,
+    Kind,
+    NotADir,
+    NotEmpty,
+    NotFound,
+    Origin,
+    OriginError,
+    split,
+)
+
+
+@dataclass
+class _Obj:
+    kind: Kind
+    data: bytes = b""
+    target: str = ""
+    mode: int = 0o644
+    mtime_ns: int = 0
+    version: str = ""
+
+
+class MemoryOrigin:
+    """A thread-safe origin held in a dict. Versions are a global counter."""
+
+    def __init__(self) -> None:
+        self.url = "memory://"
+        self._lock = threading.RLock()
+        self._objs: dict[str, _Obj] = {"": _Obj(Kind.DIR, mode=0o755, mtime_ns=time.time_ns())}
+        self._ver = itertools.count(1)
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.bytes_read = 0
+
+    def _entry(self, path: str, o: _Obj) -> Entry:
+        size = len(o.data) if o.kind is Kind.FILE else len(o.target)
+        return Entry(split(path)[1], o.kind, size, o.mtime_ns, o.mode, o.version)
+
+    def _get(self, path: str) -> _Obj:
+        o = self._objs.get(path)
+        if o is None:
+            raise NotFound(f"{path}: not found")
+        return o
+
+    def _parent_dir(self, path: str) -> None:
+        parent = split(path)[0]
+        p = self._objs.get(parent)
+        if p is None:
+            raise NotFound(f"{parent}: not found")
+        if p.kind is not Kind.DIR:
+            raise NotADir(f"{parent}: not a directory")
+
+    def _new(self, kind: Kind, **kw: object) -> _Obj:
+        o = _Obj(kind, mtime_ns=time.time_ns(), **kw)  # type: ignore[arg-type]
+        o.version = "" if kind is Kind.DIR else f"v{next(self._ver)}"
+        return o
+
+    def stat(self, path: str) -> Entry:
+        with self._lock:
+            self.calls["stat"] += 1
+            return self._entry(path, self._get(path))
+
+    def list(self, path: str) -> list[Entry]:
+        with self._lock:
+            self.calls["list"] += 1
+            if self._get(path).kind is not Kind.DIR:
+                raise NotADir(f"{path}: not a directory")
+            prefix = f"{path}/" if path else ""
+            return [
+                self._entry(p, o)
+                for p, o in self._objs.items()
+                if p and p.startswith(prefix) and "/" not in p[len(prefix) :]
+            ]
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        with self._lock:
+            self.calls["read_range"] += 1
+            o = self._get(path)
+            if o.kind is Kind.DIR:
+                raise IsADir(f"{path}: is a directory")
+            if version is not None and o.version != version:
+                raise Conflict(f"{path}: version {version} is gone")
+            data = o.data[offset : offset + size]
+            self.bytes_read += len(data)
+            return data
+
+    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+        with open(source, "rb") as f:
+            data = f.read()
+        return self.put_bytes(path, data, if_match)
+
+    def put_bytes(self, path: str, data: bytes, if_match: str | None = None) -> Entry:
+        """Like :meth:`put`, from bytes (handy in tests)."""
+        with self._lock:
+            self.calls["put"] += 1
+            self._parent_dir(path)
+            cur = self._objs.get(path)
+            if cur is not None and cur.kind is Kind.DIR:
+                raise IsADir(f"{path}: is a directory")
+            if if_match is not None and (cur.version if cur else "") != if_match:
+                raise Conflict(f"{path}: changed since it was opened")
+            o = self._new(Kind.FILE, data=bytes(data), mode=cur.mode if cur else 0o644)
+            self._objs[path] = o
+            return self._entry(path, o)
+
+    def delete(self, path: str) -> None:
+        with self._lock:
+            self.calls["delete"] += 1
+            if self._get(path).kind is Kind.DIR:
+                raise IsADir(f"{path}: is a directory")
+            del self._objs[path]
+
+    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+        with self._lock:
+            self.calls["mkdir"] += 1
+            self._parent_dir(path)
+            if path in self._objs:
+                raise Exists(f"{path}: exists")
+            o = self._new(Kind.DIR, mode=mode & 0o7777)
+            self._objs[path] = o
+            return self._entry(path, o)
+
+    def _children(self, path: str) -> list[str]:
+        prefix = f"{path}/"
+        return [p for p in self._objs if p.startswith(prefix)]
+
+    def rmdir(self, path: str) -> None:
+        with self._lock:
+            self.calls["rmdir"] += 1
+            if self._get(path).kind is not Kind.DIR:
+                raise NotADir(f"{path}: not a directory")
+            if self._children(path):
+                raise NotEmpty(f"{path}: not empty")
+            del self._objs[path]
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        with self._lock:
+            self.calls["rename"] += 1
+            s = self._get(src)
+            self._parent_dir(dst)
+            d = self._objs.get(dst)
+            if d is not None:
+                if not replace:
+                    raise Exists(f"{dst}: exists")
+                if s.kind is Kind.DIR and d.kind is not Kind.DIR:
+                    raise NotADir(f"{dst}: not a directory")
+                if s.kind is not Kind.DIR and d.kind is Kind.DIR:
+                    raise IsADir(f"{dst}: is a directory")
+                if d.kind is Kind.DIR and self._children(dst):
+                    raise NotEmpty(f"{dst}: not empty")
+            if s.kind is Kind.DIR and (dst + "/").startswith(src + "/"):
+                raise OriginError(f"{dst}: inside {src}", 22)
+            moved = {src: s} | {p: self._objs[p] for p in self._children(src)}
+            for p in moved:
+                del self._objs[p]
+            for p, o in moved.items():
+                self._objs[dst + p[len(src) :]] = o
+
+    def symlink(self, path: str, target: str) -> Entry:
+        with self._lock:
+            self.calls["symlink"] += 1
+            self._parent_dir(path)
+            if path in self._objs:
+                raise Exists(f"{path}: exists")
+            o = self._new(Kind.SYMLINK, target=target, mode=0o777)
+            self._objs[path] = o
+            return self._entry(path, o)
+
+    def readlink(self, path: str) -> str:
+        with self._lock:
+            o = self._get(path)
+            if o.kind is not Kind.SYMLINK:
+                raise OriginError(f"{path}: not a symlink", 22)
+            return o.target
+
+    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
+        with self._lock:
+            o = self._get(path)
+            if mode is not None:
+                o.mode = mode & 0o7777
+            if mtime_ns is not None:
+                o.mtime_ns = mtime_ns
+            return self._entry(path, o)
+
+    def statfs(self) -> FsStats:
+        return FsStats(4096, 1 << 30, 1 << 29, 1 << 20, 1 << 19)
+
+    def close(self) -> None:
+        pass
+
+
+class FaultyOrigin:
+    """Wraps an origin; ``fail[op] = exc_factory`` makes calls of ``op`` raise until removed."""
+
+    def __init__(self, inner: Origin) -> None:
+        self.inner = inner
+        self.url = f"faulty+{inner.url}"
+        self.fail: dict[str, Callable[[], OriginError]] = {}
+
+    def __getattr__(self, name: str) -> object:
+        target = getattr(self.inner, name)
+        if not callable(target):
+            return target
+
+        def call(*args: object, **kwargs: object) -> object:
+            factory = self.fail.get(name)
+            if factory is not None:
+                raise factory()
+            return target(*args, **kwargs)
+
+        return call

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Set up everything airfs needs on a fresh Debian/Ubuntu machine: system packages (FUSE 3 and
+# the headers pyfuse3 builds against), a virtual environment at .venv with airfs installed
+# editable, torch (CPU build) and the test tools. Idempotent: re-running it is cheap.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+need_apt=()
+command -v fusermount3 >/dev/null || need_apt+=(fuse3)
+pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
+command -v pkg-config >/dev/null || need_apt+=(pkg-config)
+command -v gcc >/dev/null || need_apt+=(gcc)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "airfs setup: missing system packages: ${need_apt[*]} (run as root or install them)" >&2
+    exit 1
+  fi
+  echo "airfs setup: installing ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" python3-dev >/dev/null
+fi
+
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+pip_q() { .venv/bin/pip install -q --disable-pip-version-check "$@"; }
+# torch first, pinned: the CPU build of 2.13.0 is what this kind of machine carries; an
+# unpinned torch would pull a multi-GB CUDA build.
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+  pip_q "torch==${AIRFS_TORCH_VERSION:-2.13.0}"
+fi
+pip_q -e '.[torch,test]'
+echo "airfs setup: ready (.venv/bin/airfs)"
