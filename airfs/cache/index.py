@@ -1,0 +1,178 @@
+"""The persistent cache index: one LMDB environment under ``<cache_dir>/index``.
+
+Owned by one daemon: :class:`CacheIndex` takes an exclusive ``flock`` on ``<cache_dir>/lock``
+and raises :class:`CacheInUse` if another process holds it.
+
+Databases:
+
+``info``
+    ``b"format"`` → JSON with the format version, block size and checksum chunk size. A cache
+    written with other values is wiped when opened.
+``meta``
+    object key (16 bytes) → ``<QQQQ`` (generation, size, cached bytes, last use in ns since the
+    epoch) + ``path`` + ``\\0`` + ``version``. Small: all of it is loaded at start-up (it is what
+    LRU eviction works on).
+``map``
+    object key → ``<Q`` generation + one byte per block (present or not) + one ``<I`` CRC-32 per
+    checksum chunk. Loaded lazily, the first time an object is read after a start.
+
+The in-memory state is authoritative while the daemon runs; the index is its mirror, written in
+batches (:meth:`write_batch`, one transaction for everything that changed since the previous
+batch). Data is written to the cache files *before* the index says it is there, and every chunk
+is checksummed, so a crash can lose recent cache entries but never make the cache serve wrong
+bytes.
+
+All methods block (disk I/O, fsync): call them from worker threads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import struct
+from dataclasses import dataclass
+
+import lmdb
+
+__all__ = ["CacheInUse", "CacheIndex", "ObjectRecord"]
+
+FORMAT = 1
+_META = struct.Struct("<QQQQ")
+_GEN = struct.Struct("<Q")
+
+
+class CacheInUse(RuntimeError):
+    """Another process owns this cache directory."""
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectRecord:
+    key: bytes
+    gen: int
+    size: int
+    cached: int
+    last_used: int
+    path: str
+    version: str
+
+
+def encode_meta(gen: int, size: int, cached: int, last_used: int, path: str, version: str) -> bytes:
+    return (
+        _META.pack(gen, size, cached, last_used)
+        + path.encode("utf-8", "surrogateescape")
+        + b"\0"
+        + version.encode("utf-8", "surrogateescape")
+    )
+
+
+def decode_meta(key: bytes, raw: bytes) -> ObjectRecord:
+    gen, size, cached, last_used = _META.unpack_from(raw)
+    path, _, version = raw[_META.size :].partition(b"\0")
+    return ObjectRecord(
+        key,
+        gen,
+        size,
+        cached,
+        last_used,
+        path.decode("utf-8", "surrogateescape"),
+        version.decode("utf-8", "surrogateescape"),
+    )
+
+
+def encode_map(gen: int, have: bytes | bytearray, crcs: bytes) -> bytes:
+    return b"".join((_GEN.pack(gen), have, crcs))
+
+
+def decode_map(raw: bytes, nblocks: int, nchunks: int) -> tuple[int, bytes, bytes] | None:
+    """(generation, have, crc bytes), or None if the record does not fit the object."""
+    if len(raw) != _GEN.size + nblocks + 4 * nchunks:
+        return None
+    (gen,) = _GEN.unpack_from(raw)
+    have = raw[_GEN.size : _GEN.size + nblocks]
+    return gen, have, raw[_GEN.size + nblocks :]
+
+
+class CacheIndex:
+    """The LMDB index of one cache directory (see the module docstring)."""
+
+    def __init__(
+        self, cache_dir: str, *, block_size: int, chunk_size: int, map_size: int = 1 << 38
+    ) -> None:
+        os.makedirs(cache_dir, exist_ok=True)
+        self.cache_dir = cache_dir
+        self._lock_fd = os.open(
+            os.path.join(cache_dir, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise CacheInUse(
+                f"{cache_dir}: cache directory in use by another airfs daemon"
+            ) from None
+        try:
+            self.env = lmdb.open(
+                os.path.join(cache_dir, "index"),
+                map_size=map_size,
+                max_dbs=4,
+                subdir=True,
+                metasync=False,
+                readahead=False,
+                max_readers=512,
+            )
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._info = self.env.open_db(b"info")
+        self._meta = self.env.open_db(b"meta")
+        self._map = self.env.open_db(b"map")
+        want = {"format": FORMAT, "block_size": block_size, "chunk_size": chunk_size}
+        with self.env.begin(write=True) as txn:
+            raw = txn.get(b"format", db=self._info)
+            cur = json.loads(raw) if raw else None
+            #: True when an existing index was discarded (other format or block size).
+            self.wiped = cur is not None and cur != want
+            if cur != want:
+                txn.drop(self._meta, delete=False)
+                txn.drop(self._map, delete=False)
+                txn.put(b"format", json.dumps(want).encode(), db=self._info)
+
+    def load_objects(self) -> list[ObjectRecord]:
+        """Every object record, least recently used first."""
+        out = []
+        with self.env.begin() as txn:
+            for key, raw in txn.cursor(db=self._meta):
+                out.append(decode_meta(bytes(key), bytes(raw)))
+        out.sort(key=lambda r: r.last_used)
+        return out
+
+    def load_map(self, key: bytes) -> bytes | None:
+        with self.env.begin() as txn:
+            raw = txn.get(key, db=self._map)
+            return None if raw is None else bytes(raw)
+
+    def write_batch(
+        self,
+        metas: list[tuple[bytes, bytes]],
+        maps: list[tuple[bytes, bytes]],
+        deletes: list[bytes],
+    ) -> None:
+        """One transaction: delete objects, then put meta and map records."""
+        with self.env.begin(write=True) as txn:
+            for key in deletes:
+                txn.delete(key, db=self._meta)
+                txn.delete(key, db=self._map)
+            for key, value in metas:
+                txn.put(key, value, db=self._meta)
+            for key, value in maps:
+                txn.put(key, value, db=self._map)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.env.sync(True)
+        self.env.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # releases the flock
+            self._lock_fd = -1

@@ -1,0 +1,287 @@
+"""Cache data files: one sparse file per cached object version, and per-chunk checksums.
+
+Layout: ``<cache_dir>/data/<k0>/<key>.<gen>`` where ``key`` is the 32-hex-digit object key
+(:func:`object_key` of path and version), ``k0`` its first two digits, and ``gen`` a generation
+number unique to this incarnation of the cached object (a new one after every eviction or
+restart-time cleanup, so that a file being deleted in the background never collides with a new
+one). Block ``b`` of the object lives at byte ``b * block_size`` of the file; blocks not cached
+are holes.
+
+Every ``chunk_size`` bytes of cached data (a divisor of the block size; 128 KiB by default, the
+size of a default kernel read request) carry a CRC-32 kept in memory and in the index. Reads
+verify exactly the chunks they touch, so a flipped byte on disk is detected and the block is
+refetched instead of served.
+
+The functions here that do I/O on large ranges (:func:`read_verify`, :func:`write_all`,
+:func:`copy_into`, :func:`punch`) block: call them from worker threads.
+:func:`read_nowait` never blocks on the disk (``RWF_NOWAIT``) and is what the trio loop uses for
+cache hits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import fcntl
+import hashlib
+import os
+import zlib
+from array import array
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+__all__ = [
+    "CachedObject",
+    "checksums",
+    "copy_into",
+    "object_key",
+    "punch",
+    "read_nowait",
+    "read_verify",
+    "write_all",
+]
+
+#: ``have[b]`` values.
+ABSENT, PRESENT, PREFETCHED = 0, 1, 2
+
+_FICLONE = 0x40049409
+_FALLOC_FL_KEEP_SIZE = 0x01
+_FALLOC_FL_PUNCH_HOLE = 0x02
+_libc: Any = None
+
+
+def object_key(path: str, version: str) -> bytes:
+    """The 16-byte cache key of one object version."""
+    raw = (
+        path.encode("utf-8", "surrogateescape") + b"\0" + version.encode("utf-8", "surrogateescape")
+    )
+    return hashlib.blake2b(raw, digest_size=16).digest()
+
+
+class CachedObject:
+    """In-memory state of one cached object version (the hot path reads only this).
+
+    ``have`` (one byte per block: absent / present / prefetched-not-yet-read) and ``crcs`` (one
+    CRC-32 per chunk) are ``None`` until loaded from the index. ``cached`` counts the bytes of
+    present blocks. ``fd`` is the open cache file (``-1`` when closed); it is closed only when
+    ``io`` (worker-thread operations using it) is zero and nobody uses the object.
+    """
+
+    __slots__ = (
+        "block_size",
+        "cached",
+        "chunk_size",
+        "crcs",
+        "dead",
+        "fd",
+        "file_created",
+        "gen",
+        "have",
+        "inflight",
+        "io",
+        "key",
+        "last_used",
+        "loading",
+        "nblocks",
+        "nchunks",
+        "path",
+        "pins",
+        "readers",
+        "size",
+        "version",
+    )
+
+    def __init__(
+        self,
+        key: bytes,
+        path: str,
+        version: str,
+        size: int,
+        gen: int,
+        block_size: int,
+        chunk_size: int,
+        *,
+        cached: int = 0,
+        last_used: int = 0,
+        loaded: bool = True,
+    ) -> None:
+        self.key = key
+        self.path = path
+        self.version = version
+        self.size = size
+        self.gen = gen
+        self.block_size = block_size
+        self.chunk_size = chunk_size
+        self.nblocks = -(-size // block_size)
+        self.nchunks = -(-size // chunk_size)
+        self.cached = cached
+        self.last_used = last_used
+        self.have: bytearray | None = bytearray(self.nblocks) if loaded else None
+        self.crcs: array[int] | None = array("I", bytes(4 * self.nchunks)) if loaded else None
+        self.fd = -1
+        self.file_created = not loaded  # a loaded-from-index object has a file on disk
+        self.io = 0
+        self.pins = 0
+        self.readers: set[Any] = set()
+        self.inflight: dict[int, Any] = {}
+        self.dead = False
+        self.loading: Any = None
+
+    def block_len(self, b: int) -> int:
+        return min(self.block_size, self.size - b * self.block_size)
+
+    def run_len(self, b0: int, b1: int) -> int:
+        """Bytes in blocks ``[b0, b1)``."""
+        return min(b1 * self.block_size, self.size) - b0 * self.block_size
+
+    def busy(self) -> bool:
+        """Used by a reader, a warm/adopt, a fetch or a worker thread: not to be dropped whole."""
+        return bool(self.readers or self.pins or self.io or self.inflight)
+
+    def file_name(self) -> str:
+        h = self.key.hex()
+        return f"{h[:2]}/{h}.{self.gen:x}"
+
+
+def checksums(data: bytes | bytearray | memoryview, chunk_size: int) -> array[int]:
+    """CRC-32 of each ``chunk_size`` piece of ``data`` (the last may be short)."""
+    mv = memoryview(data)
+    return array("I", (zlib.crc32(mv[i : i + chunk_size]) for i in range(0, len(mv), chunk_size)))
+
+
+def bad_chunks(
+    buf: memoryview, first_chunk: int, chunk_size: int, expected: Sequence[int]
+) -> list[int]:
+    """Indices (absolute) of the chunks of ``buf`` whose CRC-32 differs from ``expected``
+    (``expected[i]`` belongs to chunk ``first_chunk + i``)."""
+    bad = []
+    crc32 = zlib.crc32
+    for i, want in enumerate(expected):
+        if crc32(buf[i * chunk_size : (i + 1) * chunk_size]) != want:
+            bad.append(first_chunk + i)
+    return bad
+
+
+def read_nowait(fd: int, buf: memoryview, offset: int) -> bool:
+    """Fill ``buf`` from ``offset`` only if that needs no disk I/O (page cache hit).
+
+    Returns False when the data is not all in the page cache (the caller then reads in a worker
+    thread) or the file is shorter. Never blocks on the disk.
+    """
+    try:
+        n = os.preadv(fd, [buf], offset, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return False
+        raise
+    return n == len(buf)
+
+
+def read_verify(
+    fd: int, offset: int, length: int, first_chunk: int, chunk_size: int, expected: Sequence[int]
+) -> tuple[bytes, list[int]]:
+    """Blocking read of ``length`` bytes at ``offset`` (chunk-aligned) and checksum check.
+
+    Returns the bytes and the absolute indices of the chunks that failed (a short file fails the
+    missing chunks).
+    """
+    data = os.pread(fd, length, offset)
+    if len(data) < length:
+        data = data + bytes(length - len(data))  # rare: zero-fill so the checks fail, not crash
+    return data, bad_chunks(memoryview(data), first_chunk, chunk_size, expected)
+
+
+def write_all(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """``pwrite`` all of ``data`` at ``offset``."""
+    mv = memoryview(data)
+    while mv:
+        n = os.pwrite(fd, mv, offset)
+        mv = mv[n:]
+        offset += n
+
+
+def _get_libc() -> Any:
+    global _libc
+    if _libc is None:
+        lib = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        lib.fallocate.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+        lib.fallocate.restype = ctypes.c_int
+        _libc = lib
+    return _libc
+
+
+def punch(fd: int, ranges: Sequence[tuple[int, int]]) -> bool:
+    """Deallocate byte ranges ``(offset, length)`` of a file, keeping its size. False when the
+    file system cannot punch holes (the space then stays allocated until the file goes)."""
+    libc = _get_libc()
+    for off, length in ranges:
+        if libc.fallocate(fd, _FALLOC_FL_KEEP_SIZE | _FALLOC_FL_PUNCH_HOLE, off, length) != 0:
+            err = ctypes.get_errno()
+            if err in (errno.EOPNOTSUPP, errno.ENOSYS):
+                return False
+            raise OSError(err, os.strerror(err))
+    return True
+
+
+def copy_into(
+    src_path: str, dst_fd: int, ranges: Sequence[tuple[int, int]], whole: bool, chunk_size: int
+) -> list[array[int]]:
+    """Copy byte ranges ``(offset, length)`` of local file ``src_path`` to the same offsets of
+    ``dst_fd`` and return the checksums of each range (read back from ``dst_fd``).
+
+    ``whole`` (the destination is empty and every byte is wanted) tries a reflink first
+    (``FICLONE``: instant and space-sharing on btrfs/XFS), then ``copy_file_range`` (in-kernel).
+    """
+    src = os.open(src_path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        cloned = False
+        if whole:
+            try:
+                fcntl.ioctl(dst_fd, _FICLONE, src)
+                cloned = True
+            except OSError:
+                cloned = False
+        out = []
+        for off, length in ranges:
+            if not cloned:
+                done = 0
+                while done < length:
+                    try:
+                        n = os.copy_file_range(src, dst_fd, length - done, off + done, off + done)
+                    except OSError as exc:
+                        if exc.errno not in (
+                            errno.EXDEV,
+                            errno.EOPNOTSUPP,
+                            errno.ENOSYS,
+                            errno.EINVAL,
+                        ):
+                            raise
+                        n = _copy_plain(src, dst_fd, off + done, length - done)
+                    if n == 0:
+                        raise OSError(errno.EIO, f"{src_path}: shorter than expected")
+                    done += n
+            crcs = array("I")
+            pos, end = off, off + length
+            step = max(chunk_size, (8 << 20) // chunk_size * chunk_size)
+            while pos < end:
+                piece = os.pread(dst_fd, min(step, end - pos), pos)
+                if not piece:
+                    raise OSError(errno.EIO, "cache file shorter than just written")
+                crcs.extend(checksums(piece, chunk_size))
+                pos += len(piece)
+            out.append(crcs)
+        return out
+    finally:
+        os.close(src)
+
+
+def _copy_plain(src: int, dst: int, offset: int, length: int) -> int:
+    data = os.pread(src, min(length, 8 << 20), offset)
+    if data:
+        write_all(dst, data, offset)
+    return len(data)

@@ -1,0 +1,134 @@
+"""An origin wrapper that behaves like remote storage: per-request latency and a bandwidth cap.
+
+``LatencyOrigin(inner, latency_s=0.01, bandwidth_bps=None)`` wraps any synchronous
+:class:`~airfs.origin.base.Origin`. Every call first sleeps ``latency_s`` (time to first byte;
+requests in parallel threads wait in parallel, as over a network). Calls that move data
+(``read_range``: the bytes returned; ``put``: the size of the source file) then pass through one
+token bucket shared by all threads, so the *aggregate* rate of all requests together stays at
+``bandwidth_bps`` bytes per second: each transfer occupies the shared link for
+``nbytes / bandwidth_bps`` seconds, scheduled first come, first served, with no burst credit.
+
+It counts ``calls`` per operation and ``bytes_read``, like
+:class:`~airfs.testing.memory.MemoryOrigin`. Used by tests and benchmarks; thread-safe.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import threading
+import time
+from collections.abc import Iterable
+
+from .base import Entry, FsStats, Origin
+
+
+class _Link:
+    """The shared bandwidth: a virtual clock of when the link is next free."""
+
+    def __init__(self, bandwidth_bps: float) -> None:
+        self.rate = float(bandwidth_bps)
+        self._lock = threading.Lock()
+        self._free_at = 0.0
+
+    def transfer(self, nbytes: int) -> None:
+        """Block the calling thread until ``nbytes`` have had their turn on the link."""
+        if nbytes <= 0:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._free_at)
+            self._free_at = done = start + nbytes / self.rate
+        delay = done - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+class LatencyOrigin:
+    """Adds ``latency_s`` per request and an aggregate ``bandwidth_bps`` cap to ``inner``."""
+
+    def __init__(
+        self, inner: Origin, latency_s: float = 0.01, bandwidth_bps: float | None = None
+    ) -> None:
+        if latency_s < 0:
+            raise ValueError("latency_s must be >= 0")
+        if bandwidth_bps is not None and bandwidth_bps <= 0:
+            raise ValueError("bandwidth_bps must be positive")
+        self.inner = inner
+        self.url = inner.url
+        self.latency_s = latency_s
+        self.bandwidth_bps = bandwidth_bps
+        self._link = _Link(bandwidth_bps) if bandwidth_bps else None
+        self._lock = threading.Lock()
+        self.calls: collections.Counter[str] = collections.Counter()
+        self.bytes_read = 0
+
+    def _request(self, op: str) -> None:
+        with self._lock:
+            self.calls[op] += 1
+        if self.latency_s:
+            time.sleep(self.latency_s)
+
+    def _transfer(self, nbytes: int) -> None:
+        if self._link is not None:
+            self._link.transfer(nbytes)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def stat(self, path: str) -> Entry:
+        self._request("stat")
+        return self.inner.stat(path)
+
+    def list(self, path: str) -> Iterable[Entry]:
+        self._request("list")
+        return list(self.inner.list(path))
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        self._request("read_range")
+        data = self.inner.read_range(path, offset, size, version)
+        self._transfer(len(data))
+        with self._lock:
+            self.bytes_read += len(data)
+        return data
+
+    def readlink(self, path: str) -> str:
+        self._request("readlink")
+        return self.inner.readlink(path)
+
+    def statfs(self) -> FsStats:
+        self._request("statfs")
+        return self.inner.statfs()
+
+    # -- writes --------------------------------------------------------------------------
+
+    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+        self._request("put")
+        self._transfer(os.stat(source).st_size)
+        return self.inner.put(path, source, if_match)
+
+    def delete(self, path: str) -> None:
+        self._request("delete")
+        self.inner.delete(path)
+
+    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+        self._request("mkdir")
+        return self.inner.mkdir(path, mode)
+
+    def rmdir(self, path: str) -> None:
+        self._request("rmdir")
+        self.inner.rmdir(path)
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        self._request("rename")
+        self.inner.rename(src, dst, replace)
+
+    def symlink(self, path: str, target: str) -> Entry:
+        self._request("symlink")
+        return self.inner.symlink(path, target)
+
+    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
+        self._request("set_attrs")
+        return self.inner.set_attrs(path, mode, mtime_ns)
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,145 @@
+"""The prefetch stream (window growth, resets, tolerance) and the in-flight byte budget."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import trio
+import trio.testing
+
+from airfs.prefetch import ByteBudget, Stream, split_runs
+
+MiB = 1 << 20
+
+
+def sequential(stream: Stream, size: int, step: int, limit: int) -> list[tuple[int, int]]:
+    out = []
+    for off in range(0, size, step):
+        span = stream.on_read(off, step, limit)
+        if span is not None:
+            out.append(span)
+    return out
+
+
+def test_window_starts_small_and_doubles_to_the_cap() -> None:
+    s = Stream(initial_window=1 * MiB, max_window=16 * MiB, seek_tolerance=4 * MiB)
+    spans = sequential(s, 200 * MiB, 128 << 10, 1 << 40)
+    sizes = [e - b for b, e in spans]
+    assert sizes[0] <= 1 * MiB  # the first prefetch is small
+    # requests are contiguous: nothing is requested twice, nothing skipped
+    for (_, e), (b, _) in itertools.pairwise(spans):
+        assert b == e
+    windows = []
+    s2 = Stream(initial_window=1 * MiB, max_window=16 * MiB)
+    for off in range(0, 200 * MiB, 128 << 10):
+        if s2.on_read(off, 128 << 10, 1 << 40) is not None:
+            windows.append(s2.window)
+    assert windows[:5] == [1 * MiB, 2 * MiB, 4 * MiB, 8 * MiB, 16 * MiB]
+    assert set(windows[5:]) == {16 * MiB}
+    assert s.max_window_seen == 16 * MiB
+    # the horizon stays within one window of the reader
+    assert s.ahead - s.next_offset <= 16 * MiB  # type: ignore[operator]
+
+
+def test_prefetch_stops_at_end_of_object() -> None:
+    s = Stream(initial_window=1 * MiB, max_window=64 * MiB)
+    spans = sequential(s, 10 * MiB, 1 * MiB, 10 * MiB)
+    assert spans and max(e for _, e in spans) == 10 * MiB
+
+
+def test_first_read_not_at_zero_is_random_until_contiguous() -> None:
+    s = Stream()
+    assert s.on_read(5 * MiB, 4096, 1 << 30) is None
+    assert not s.sequential
+    assert s.on_read(9 * MiB, 4096, 1 << 30) is None  # a jump: still random
+    span = s.on_read(9 * MiB + 4096, 4096, 1 << 30)  # contiguous: a stream starts
+    assert s.sequential and span is not None
+    assert span[1] - span[0] <= s.initial_window
+
+
+def test_random_reads_never_prefetch() -> None:
+    s = Stream()
+    for off in (7, 3000, 100, 50_000, 20 * MiB, 1 * MiB):
+        assert s.on_read(off * 4096 + 1, 4096, 1 << 40) is None
+    assert not s.sequential
+
+
+def test_small_jumps_keep_the_stream_far_jumps_reset_it() -> None:
+    s = Stream(initial_window=1 * MiB, max_window=64 * MiB, seek_tolerance=4 * MiB)
+    sequential(s, 40 * MiB, 1 * MiB, 1 << 40)
+    window, epoch = s.window, s.epoch
+    assert window > 1 * MiB
+    pos = s.next_offset
+    assert pos is not None
+    s.on_read(pos - 2 * MiB, 1 * MiB, 1 << 40)  # small backward jump (out-of-order request)
+    s.on_read(pos + 3 * MiB, 1 * MiB, 1 << 40)  # small forward skip
+    assert s.sequential and s.epoch == epoch and s.window >= window
+    assert s.on_read(pos + 500 * MiB, 1 * MiB, 1 << 40) is None  # far jump
+    assert not s.sequential and s.epoch == epoch + 1 and s.resets == 1
+    assert s.window == s.initial_window
+    s.on_read(0, 4096, 1 << 40)
+    assert not s.sequential  # back to offset 0 is a far jump too
+
+
+def test_active_range_covers_position_and_horizon() -> None:
+    s = Stream(initial_window=1 * MiB, max_window=8 * MiB, seek_tolerance=2 * MiB)
+    sequential(s, 20 * MiB, 1 * MiB, 1 << 40)
+    lo, hi = s.active_range()
+    assert lo <= 18 * MiB and hi >= 20 * MiB and hi == s.ahead
+    r = Stream()
+    r.on_read(5 * MiB, 100, 1 << 40)
+    assert r.active_range() == (5 * MiB, 5 * MiB + 100)
+
+
+def test_split_runs() -> None:
+    present = {2, 3, 7}
+    runs = list(split_runs(0, 12, 3, lambda b: b in present))
+    assert runs == [(0, 2), (4, 7), (8, 11), (11, 12)]
+
+
+async def test_budget_blocks_until_released() -> None:
+    budget = ByteBudget(10)
+    assert await budget.acquire(6)
+    got = []
+
+    async def second() -> None:
+        got.append(await budget.acquire(6))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(second)
+        await trio.testing.wait_all_tasks_blocked()
+        assert got == [] and budget.waits == 1
+        budget.release(6)
+    assert got == [True] and budget.used == 6
+
+
+async def test_budget_admits_oversized_when_idle_and_urgent_always() -> None:
+    budget = ByteBudget(10)
+    assert await budget.acquire(50)  # larger than the budget, nothing in flight
+    assert await budget.acquire(5, urgent=lambda: True)
+    assert budget.used == 55 and budget.peak == 55
+
+
+async def test_budget_give_up() -> None:
+    budget = ByteBudget(10)
+    budget.take(10)
+    flag = [False]
+    results = []
+
+    async def waiter() -> None:
+        results.append(await budget.acquire(1, give_up=lambda: flag[0]))
+
+    async with trio.open_nursery() as n:
+        n.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        flag[0] = True
+        budget.poke()
+    assert results == [False] and budget.used == 10
+
+
+def test_bad_stream_arguments() -> None:
+    with pytest.raises(ValueError):
+        Stream(initial_window=0)
+    with pytest.raises(ValueError):
+        Stream(initial_window=8, max_window=4)
