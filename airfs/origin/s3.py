@@ -292,6 +292,24 @@ class _RawS3:
         self.region = region
         self.creds = creds
         self.timeout = timeout
+        self._local = threading.local()  # one kept-alive connection per worker thread
+
+    def _conn(self) -> http.client.HTTPConnection:
+        conn = getattr(self._local, "conn", None)
+        if conn is None:
+            cls = (
+                http.client.HTTPSConnection
+                if self.scheme == "https"
+                else http.client.HTTPConnection
+            )
+            conn = self._local.conn = cls(self.netloc, timeout=self.timeout)
+        return conn
+
+    def _drop(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
 
     def _headers(self, method: str, path: str, query: str, body: bytes) -> dict[str, str]:
         now = dt.datetime.now(dt.UTC)
@@ -340,21 +358,30 @@ class _RawS3:
         non-2xx reply; return the body."""
         path = self.base + ("/" + _q(key, safe="/~") if key is not None else "") or "/"
         qs = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted((query or {}).items()))
-        headers = self._headers(method, path, qs, body)
-        conn_cls = (
-            http.client.HTTPSConnection if self.scheme == "https" else http.client.HTTPConnection
-        )
-        conn = conn_cls(self.netloc, timeout=self.timeout)
-        try:
-            conn.request(method, f"{path}?{qs}" if qs else path, body=body, headers=headers)
-            resp = conn.getresponse()
-            data = resp.read()
-        except (OSError, http.client.HTTPException) as exc:
-            raise _classify(
-                where, status=None, code=None, detail=_first_line(exc) or repr(exc), network=True
-            ) from None
-        finally:
-            conn.close()
+        target = f"{path}?{qs}" if qs else path
+        for attempt in (1, 2):  # a kept-alive connection may have been closed by the server
+            fresh = getattr(self._local, "conn", None) is None
+            conn = self._conn()
+            try:
+                conn.request(
+                    method, target, body=body, headers=self._headers(method, path, qs, body)
+                )
+                resp = conn.getresponse()
+                data = resp.read()
+                if resp.will_close:
+                    self._drop()
+                break
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop()
+                if attempt == 1 and not fresh:
+                    continue  # every request made here is idempotent: retry on a new one
+                raise _classify(
+                    where,
+                    status=None,
+                    code=None,
+                    detail=_first_line(exc) or repr(exc),
+                    network=True,
+                ) from None
         if resp.status >= 300:
             c = _CODE_RE.search(data.decode("utf-8", "replace"))
             raise _classify(

@@ -42,6 +42,8 @@ def names(origin: Origin, path: str = "") -> dict[str, Kind]:
 
 
 def test_root_is_an_empty_directory(origin: Origin) -> None:
+    assert isinstance(origin, Origin)  # implements the whole protocol
+    assert origin.url
     root = origin.stat("")
     assert root.kind is Kind.DIR
     assert root.version == ""
