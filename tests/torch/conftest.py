@@ -1,0 +1,54 @@
+"""Fixtures for the torch package tests.
+
+``volume_dir`` is the directory a test treats as the volume (its origin as the user sees it).
+Here it is a plain temporary directory; parametrising this fixture over an airfs mount runs
+the same test bodies through the mount.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+if importlib.util.find_spec("torch") is None:  # torch is an optional extra
+    collect_ignore_glob = ["test_*.py"]
+else:
+    from distpool import DistPool
+
+
+@pytest.fixture
+def volume_dir(tmp_path: Path) -> Path:
+    """The volume a test reads and writes (plain directory; see module doc)."""
+    d = tmp_path / "volume"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def cache_dir(tmp_path: Path) -> Path:
+    """A private local cache directory for VolumeDataset copies."""
+    d = tmp_path / "local-cache"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture(scope="session")
+def dist_pool() -> Iterator[Callable[[int], DistPool]]:
+    """``dist_pool(n)``: a shared gloo group of ``n`` forked processes (made on first use,
+    remade if a test broke it, closed at the end of the session)."""
+    pools: dict[int, DistPool] = {}
+
+    def get(world_size: int) -> DistPool:
+        pool = pools.get(world_size)
+        if pool is None or pool.broken:
+            if pool is not None:
+                pool.close()
+            pool = pools[world_size] = DistPool(world_size)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()
