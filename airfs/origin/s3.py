@@ -634,7 +634,7 @@ class S3Origin:
             return obstore.head(self._store, path)
         except Exception as exc:
             err = _translate(exc, self._where(path))
-            if isinstance(err, NotFound) and "bucket" not in (err.strerror or ""):
+            if isinstance(err, NotFound) and _s3_code(exc) != "NoSuchBucket":
                 return None
             raise err from None
 

@@ -454,6 +454,8 @@ NAMES = [
     ".hidden",
     "..dots",
     "-dash",
+    "bucket",  # words that appear in error messages
+    "not found",
 ]
 
 
