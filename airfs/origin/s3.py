@@ -26,15 +26,17 @@ Writes: :meth:`S3Origin.put` sends files up to ``single_put_max`` (64 MiB) in on
 larger ones as a multipart upload; both are atomic for readers (the object appears only when
 the PUT or the CompleteMultipartUpload finishes). Conditional puts (``if_match``) use
 ``If-Match``/``If-None-Match: *`` where the server supports them (probed once, on the first
-conditional put; SeaweedFS 4.x, MinIO, AWS S3 do). For multipart uploads, which obstore cannot
-make conditional, and on servers without conditional writes the condition is checked with a
-HEAD just before the upload: a writer that sneaks in between the HEAD and the end of the
-upload is overwritten (a documented race, as for any last-writer-wins store).
+conditional put; SeaweedFS 4.48 does, as tested; AWS S3 and MinIO document it). For multipart
+uploads, which obstore cannot make conditional, and on servers without conditional writes the
+condition is checked with a HEAD just before the upload: a writer that sneaks in between the
+HEAD and the end of the upload is overwritten (a documented race, as for any last-writer-wins
+store).
 
 Not atomic: renames are copy + delete (a file; a copy is limited to 5 GiB by AWS), a directory
 rename moves object by object. ``rename(replace=False)`` checks the destination first (race
 documented). Symbolic links are not supported (:class:`NotSupported`); ``set_attrs`` is accepted
-and changes nothing (S3 keeps no mode or settable mtime).
+and changes nothing (S3 keeps no mode or settable mtime). Names that are not valid keys for
+obstore (control characters) fail with EINVAL. SeaweedFS turns ``\\`` in a key into ``/``.
 """
 
 from __future__ import annotations
