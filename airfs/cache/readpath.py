@@ -51,6 +51,7 @@ import contextlib
 import enum
 import errno
 import logging
+import mmap
 import os
 import time
 from array import array
@@ -70,6 +71,7 @@ from .store import (
     PREFETCHED,
     PRESENT,
     CachedObject,
+    allocate,
     bad_chunks,
     checksums,
     copy_into,
@@ -85,6 +87,8 @@ __all__ = ["CachedReadPath", "CachedReader"]
 log = logging.getLogger(__name__)
 
 _MAX_ATTEMPTS = 5
+#: Largest hit served on the loop (checksumming runs at ~3 GiB/s: 2 MiB is well under 1 ms).
+_INLINE_MAX = 2 << 20
 _NONZERO = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
 
 
@@ -289,7 +293,9 @@ class CachedReadPath:
         self._dirty_ev = trio.Event()
         self._flush_lock = trio.Lock()
         self._files_send, self._files_recv = trio.open_memory_channel[tuple[Any, ...]](float("inf"))
-        self._scratch = bytearray(2 << 20)
+        # Hits are read into this buffer, checked, and copied into the reply. An anonymous
+        # mapping, not a bytearray: preadv into a long-lived heap buffer measured ~5x slower.
+        self._scratch = mmap.mmap(-1, 2 << 20)
         self._index: CacheIndex | None = None
         self._nursery: trio.Nursery | None = None
         self._stop = trio.Event()
@@ -512,6 +518,7 @@ class CachedReadPath:
                     inflight[b] = p
             reserved = nbytes
             try:
+                await self._punches_done(cobj)
                 fd = self._fd(cobj, create=True)
                 cobj.io += 1
                 try:
@@ -698,6 +705,11 @@ class CachedReadPath:
             if not create:
                 return -1
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            try:
+                os.ftruncate(fd, obj.size)  # sparse, full size: writes do not extend it
+            except OSError:
+                os.close(fd)
+                raise
             obj.file_created = True
         obj.fd = fd
         return fd
@@ -820,8 +832,11 @@ class CachedReadPath:
         if fd < 0:
             return False
         n = z - a
+        if n > _INLINE_MAX:
+            return None  # verifying that much would hold the loop too long: use a thread
         if len(self._scratch) < n:
-            self._scratch = bytearray(max(n, 2 * len(self._scratch)))
+            self._scratch.close()
+            self._scratch = mmap.mmap(-1, max(n, 2 * len(self._scratch)))
         buf = memoryview(self._scratch)[:n]
         if not read_nowait(fd, buf, a):
             return None
@@ -939,6 +954,7 @@ class CachedReadPath:
                     self.stats.prefetch_abandoned += 1
                     return
                 part.started = True
+                await self._punches_done(obj)
                 fd = -1
                 if self._reserve(obj, n):
                     reserved = n
@@ -996,6 +1012,13 @@ class CachedReadPath:
             part.done.set()
             self._maybe_release(obj)
 
+    @staticmethod
+    async def _punches_done(obj: CachedObject) -> None:
+        """Wait until hole punches queued for ``obj`` are done, so that one cannot land after
+        (and zero) data about to be written into a block that was evicted and is refetched."""
+        while obj.punch_done is not None:
+            await obj.punch_done.wait()
+
     def _fetch_job(
         self, path: str, version: str, start: int, n: int, fd: int
     ) -> tuple[bytes, array[int] | None]:
@@ -1013,6 +1036,7 @@ class CachedReadPath:
             return data, None
         try:
             crcs = checksums(data, self._cs)
+            allocate(fd, start, n)
             write_all(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)
@@ -1106,6 +1130,9 @@ class CachedReadPath:
         fd = self._fd(obj, create=False)
         if fd >= 0:
             obj.io += 1
+            obj.punches += 1
+            if obj.punch_done is None:
+                obj.punch_done = trio.Event()
             self._files_send.send_nowait(("punch", obj, ranges))
 
     # -- background work -------------------------------------------------------------------
@@ -1140,6 +1167,10 @@ class CachedReadPath:
                 log.warning("cache: punching %s failed: %s", obj.path, exc)
             finally:
                 obj.io -= 1
+                obj.punches -= 1
+                if obj.punches == 0 and obj.punch_done is not None:
+                    obj.punch_done.set()
+                    obj.punch_done = None
                 self._maybe_release(obj)
 
     async def _flusher(self) -> None:
