@@ -15,6 +15,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 import uuid
 from collections.abc import Iterator
 
@@ -74,6 +75,10 @@ class PosixOrigin:
             except OSError as exc:
                 raise from_oserror(exc, self.url) from None
         self._fd = dir_fd
+        # (path, version) -> [fd, refs]: files kept open while a reader has them open, so a
+        # reader keeps its version even when the path is replaced or removed meanwhile.
+        self._pins: dict[tuple[str, str], list[int]] = {}
+        self._pin_lock = threading.Lock()
         if not os.access(self._fd_path(), os.R_OK | os.X_OK):
             os.close(self._fd)
             raise from_oserror(OSError(errno.EACCES, "not readable"), self.url)
@@ -131,7 +136,53 @@ class PosixOrigin:
         finally:
             os.close(fd)
 
+    def pin(self, path: str, version: str) -> None:
+        """Keep ``version`` of ``path`` readable by :meth:`read_range` until :meth:`unpin`,
+        even if the path is replaced or removed meanwhile (POSIX keeps an open file's data).
+        Raises :class:`Conflict` if ``path`` is no longer that version."""
+        key = (path, version)
+        with self._pin_lock:
+            ent = self._pins.get(key)
+            if ent is not None:
+                ent[1] += 1
+                return
+        with self._open_file(path, version) as fd:
+            dup = os.dup(fd)
+        with self._pin_lock:
+            ent = self._pins.get(key)
+            if ent is not None:
+                ent[1] += 1
+                os.close(dup)
+            else:
+                self._pins[key] = [dup, 1]
+
+    def unpin(self, path: str, version: str) -> None:
+        self._unref((path, version))
+
+    def _unref(self, key: tuple[str, str]) -> None:
+        with self._pin_lock:
+            ent = self._pins.get(key)
+            if ent is None:
+                return
+            ent[1] -= 1
+            if ent[1] == 0:
+                del self._pins[key]
+                os.close(ent[0])
+
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        if version is not None:
+            key = (path, version)
+            with self._pin_lock:
+                ent = self._pins.get(key)
+                if ent is not None:
+                    ent[1] += 1
+            if ent is not None:
+                try:
+                    return os.pread(ent[0], size, offset)
+                except OSError as exc:
+                    raise from_oserror(exc, path) from None
+                finally:
+                    self._unref(key)
         with self._open_file(path, version) as fd:
             try:
                 return os.pread(fd, size, offset)
@@ -282,6 +333,10 @@ class PosixOrigin:
         return self.stat(path)
 
     def close(self) -> None:
+        with self._pin_lock:
+            for fd, _refs in self._pins.values():
+                os.close(fd)
+            self._pins.clear()
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1

@@ -1,0 +1,643 @@
+"""The filesystem core: POSIX semantics over an origin, a read path and a staging area.
+
+The FUSE adapter (:mod:`airfs.fuse.ops`) calls these methods and nothing else; tests drive them
+directly, without a kernel mount. Methods raise ``OSError`` with the errno to reply with.
+
+Consistency rules (the README's contract table is the user-facing version):
+
+* attributes and entries from the origin are trusted for ``ttl`` seconds, then re-read;
+* ``open()`` revalidates the version against the origin once the TTL has passed
+  (close-to-open), and lets the kernel keep its page cache only when the version it holds is
+  still the current one;
+* staged content (files written on this node and not yet committed) always wins over the
+  origin: lookups, ``getattr``, listings and reads of every process see it at once;
+* metadata operations on origin objects (mkdir, rmdir, unlink, rename, symlink) go to the
+  origin synchronously; renames and deletions of files that exist only in staging are local.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Entry, Kind, NotFound, join
+from airfs.readpath import ObjectRef, Reader, ReadPath
+from airfs.writeback.staging import Staged, StagingArea
+from airfs.writeback.uploader import Uploader
+
+from .attrs import Attr, Owner, attr_of, attr_of_entry
+from .inodes import InodeTable, Node
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+_COPY_CHUNK = 8 << 20
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        self = args[0]
+        self.ops[name] += 1  # type: ignore[attr-defined]
+        return await fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _err(code: int, msg: str) -> OSError:
+    return OSError(code, msg)
+
+
+@dataclass(eq=False)
+class Handle:
+    """An open file. Writers always have ``staged``; readers have it when the file was staged
+    at open, else an origin ``reader``."""
+
+    fh: int
+    node: Node
+    writable: bool
+    staged: Staged | None
+    reader: Reader | None = None
+    #: origin version served by ``reader``
+    version: str | None = None
+    #: origin path pinned at open (the origin keeps that version readable until release)
+    pinned: str | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    fh: int
+    node: Node
+    entries: list[tuple[str, Kind, Entry | None, Staged | None]]
+
+
+Emit = Callable[[str, Attr, int], bool]
+
+
+class Filesystem:
+    """The core. Every method runs on the trio loop; blocking origin calls go to threads."""
+
+    def __init__(
+        self,
+        origin: AsyncOrigin,
+        readpath: ReadPath,
+        area: StagingArea,
+        uploader: Uploader,
+        root_entry: Entry,
+        *,
+        ttl: float = 1.0,
+        owner: Owner | None = None,
+        write_wait_s: float = 30.0,
+    ) -> None:
+        self.origin = origin
+        self.readpath = readpath
+        self.area = area
+        self.uploader = uploader
+        self.ttl = ttl
+        self.owner = owner or Owner(os.getuid(), os.getgid())
+        self.write_wait_s = write_wait_s
+        self.inodes = InodeTable(root_entry)
+        self.handles: dict[int, Handle] = {}
+        self.dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+        self.ops: collections.Counter[str] = collections.Counter()
+        self._pin = getattr(origin.sync, "pin", None)
+        self._unpin = getattr(origin.sync, "unpin", None)
+        uploader.on_committed = self._committed
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _path(self, node: Node) -> str:
+        if node.path is None:
+            raise _err(errno.ENOENT, f"inode {node.ino} was removed")
+        return node.path
+
+    def _child(self, parent_ino: int, name: str) -> str:
+        parent = self.inodes.get(parent_ino)
+        if parent.kind is not Kind.DIR:
+            raise _err(errno.ENOTDIR, "not a directory")
+        if len(os.fsencode(name)) > NAME_MAX:
+            raise _err(errno.ENAMETOOLONG, "name too long")
+        if name in ("", ".", "..") or "/" in name:
+            raise _err(errno.EINVAL, f"invalid name {name!r}")
+        return join(self._path(parent), name)
+
+    def _staged_attr(self, node: Node, st: Staged) -> Attr:
+        return attr_of(node.ino, Kind.FILE, st.size, st.mtime_ns, st.mode, self.owner)
+
+    def _attr(self, node: Node) -> Attr:
+        st = self.area.get(node.path) if node.path is not None else None
+        if st is not None:
+            return self._staged_attr(node, st)
+        if node.entry is None:
+            raise _err(errno.ENOENT, "no such file")
+        return attr_of_entry(node.ino, node.entry, self.owner)
+
+    def _fresh(self, node: Node) -> bool:
+        return node.entry is not None and time.monotonic() - node.fetched < self.ttl
+
+    async def _stat(self, path: str) -> Entry | None:
+        try:
+            return await self.origin.stat(path)
+        except NotFound:
+            return None
+
+    async def _refresh(self, node: Node) -> Entry | None:
+        """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
+        if self._fresh(node):
+            return node.entry
+        path = self._path(node)
+        entry = await self._stat(path)
+        if entry is None:
+            return None
+        if entry.kind is not node.kind:
+            return None  # replaced by another kind of object: the old inode is gone
+        node.entry = entry
+        node.fetched = time.monotonic()
+        return entry
+
+    def _committed(self, path: str, entry: Entry, st: Staged) -> None:
+        """Uploader hook: ``st`` is at the origin as ``entry``."""
+        node = self.inodes.at(path)
+        if node is None:
+            return
+        node.entry = entry
+        node.fetched = time.monotonic()
+        if node.cached_version == f"staged:{st.id}" and not st.dirty:
+            node.cached_version = entry.version
+        adopt = getattr(self.readpath, "adopt", None)
+        if adopt is not None and not st.dirty:
+            try:
+                adopt(ObjectRef(path, entry.version, entry.size), st.file)
+            except OSError as exc:
+                log.warning("could not keep %s in the cache after commit: %s", path, exc)
+
+    # -- lookups and attributes ------------------------------------------------------------
+
+    @counted
+    async def lookup(self, parent_ino: int, name: str) -> Attr:
+        """Resolve ``name`` in a directory; the kernel's lookup count goes up by one."""
+        path = self._child(parent_ino, name)
+        st = self.area.get(path)
+        if st is not None:
+            node = self.inodes.bind(path, Kind.FILE, None)
+            node.lookups += 1
+            return self._staged_attr(node, st)
+        node = self.inodes.at(path)
+        if node is None or not self._fresh(node):
+            entry = await self._stat(path)
+            if entry is None:
+                if node is not None and node.opens == 0:
+                    self.inodes.detach(node)
+                raise _err(errno.ENOENT, f"{path}: no such file or directory")
+            node = self.inodes.bind(path, entry.kind, entry)
+        node.lookups += 1
+        return self._attr(node)
+
+    def forget(self, items: list[tuple[int, int]]) -> None:
+        for ino, count in items:
+            self.inodes.forget(ino, count)
+
+    @counted
+    async def getattr(self, ino: int) -> Attr:
+        node = self.inodes.get(ino)
+        if node.path is not None and self.area.get(node.path) is not None:
+            return self._attr(node)
+        if node.path is None:
+            if node.entry is None:
+                raise _err(errno.ENOENT, "removed")
+            return attr_of_entry(node.ino, node.entry, self.owner)
+        entry = await self._refresh(node)
+        if entry is None:
+            if node.opens and node.entry is not None:
+                return attr_of_entry(node.ino, node.entry, self.owner)
+            raise _err(errno.ENOENT, f"{node.path}: no such file or directory")
+        return attr_of_entry(node.ino, entry, self.owner)
+
+    @counted
+    async def setattr(
+        self,
+        ino: int,
+        *,
+        size: int | None = None,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        fh: int | None = None,
+    ) -> Attr:
+        """Truncate/extend, chmod, set mtime. Owners are the mount's and are not changed
+        (chown is accepted and ignored); atime is not kept."""
+        node = self.inodes.get(ino)
+        if size is not None:
+            if node.kind is Kind.DIR:
+                raise _err(errno.EISDIR, "is a directory")
+            if size < 0:
+                raise _err(errno.EINVAL, "negative size")
+            handle = self.handles.get(fh) if fh is not None else None
+            async with node.lock:
+                if handle is not None and handle.writable and handle.staged is not None:
+                    st = handle.staged
+                else:
+                    st = await self._stage(node, truncate=size == 0)
+                await self._wait_upload(st)
+                await self.area.reserve(st, size, self.write_wait_s)
+                if size != st.size or size != 0:
+                    self.area.truncate(st, size)
+                if handle is None or not handle.writable:
+                    self.area.journal_closed(st)
+                    self.area.notify()
+        if mode is not None or mtime_ns is not None:
+            st = self.area.get(node.path) if node.path is not None else None
+            if st is not None:
+                if mode is not None:
+                    st.mode = stat.S_IMODE(mode)
+                if mtime_ns is not None:
+                    st.mtime_ns = mtime_ns
+            at_origin = st is None or st.base_version is not None
+            if at_origin and node.path is not None and node.kind is not Kind.SYMLINK:
+                entry = await self.origin.set_attrs(
+                    node.path, None if mode is None else stat.S_IMODE(mode), mtime_ns
+                )
+                node.entry = entry
+                node.fetched = time.monotonic()
+        if node.path is None and node.entry is not None:
+            return attr_of_entry(node.ino, node.entry, self.owner)
+        return self._attr(node)
+
+    @counted
+    async def readlink(self, ino: int) -> str:
+        node = self.inodes.get(ino)
+        if node.kind is not Kind.SYMLINK:
+            raise _err(errno.EINVAL, "not a symlink")
+        return await self.origin.readlink(self._path(node))
+
+    @counted
+    async def statfs(self) -> Any:
+        return await self.origin.statfs()
+
+    # -- directories -----------------------------------------------------------------------
+
+    @counted
+    async def opendir(self, ino: int) -> int:
+        """Snapshot a directory listing (origin entries merged with staged files)."""
+        node = self.inodes.get(ino)
+        if node.kind is not Kind.DIR:
+            raise _err(errno.ENOTDIR, "not a directory")
+        path = self._path(node)
+        listed = await self.origin.list(path)
+        merged: dict[str, tuple[str, Kind, Entry | None, Staged | None]] = {
+            e.name: (e.name, e.kind, e, None) for e in listed
+        }
+        for st in self.area.children(path):
+            assert st.path is not None
+            name = st.path.rpartition("/")[2]
+            merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
+        fh = self._fh()
+        self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]))
+        return fh
+
+    @counted
+    async def readdir(self, fh: int, start: int, emit: Emit) -> None:
+        """Emit entries from index ``start``; each accepted entry adds a lookup reference
+        (readdirplus). ``emit(name, attr, next_index)`` returns False when the kernel's
+        buffer is full."""
+        dh = self.dirs.get(fh)
+        if dh is None:
+            raise _err(errno.EBADF, "bad directory handle")
+        base = self._path(dh.node)
+        for i in range(start, len(dh.entries)):
+            name, kind, entry, st = dh.entries[i]
+            path = join(base, name)
+            if st is not None and st.path == path:
+                node = self.inodes.bind(path, Kind.FILE, entry)
+                attr = self._staged_attr(node, st)
+            elif entry is not None:
+                node = self.inodes.bind(path, kind, entry)
+                attr = attr_of_entry(node.ino, entry, self.owner)
+            else:
+                continue  # a staged file deleted since the snapshot
+            if not emit(name, attr, i + 1):
+                self.inodes.maybe_drop(node)
+                return
+            node.lookups += 1
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh, None)
+
+    @counted
+    async def mkdir(self, parent_ino: int, name: str, mode: int) -> Attr:
+        path = self._child(parent_ino, name)
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        entry = await self.origin.mkdir(path, stat.S_IMODE(mode))
+        node = self.inodes.bind(path, Kind.DIR, entry)
+        node.lookups += 1
+        return attr_of_entry(node.ino, entry, self.owner)
+
+    @counted
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        path = self._child(parent_ino, name)
+        if self.area.get(path) is not None:
+            raise _err(errno.ENOTDIR, f"{path}: not a directory")
+        if self.area.under(path):
+            raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
+        await self.origin.rmdir(path)
+        node = self.inodes.at(path)
+        if node is not None:
+            self.inodes.detach(node)
+
+    # -- names -----------------------------------------------------------------------------
+
+    @counted
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        path = self._child(parent_ino, name)
+        st = self.area.get(path)
+        at_origin = st is None or st.base_version is not None or st.uploading
+        if st is not None:
+            self.area.discard(st)
+        if at_origin:
+            try:
+                await self.origin.delete(path)
+            except NotFound:
+                if st is None:
+                    raise
+        node = self.inodes.at(path)
+        if node is not None:
+            self.inodes.detach(node)
+
+    @counted
+    async def rename(
+        self,
+        old_parent: int,
+        old_name: str,
+        new_parent: int,
+        new_name: str,
+        *,
+        noreplace: bool = False,
+        exchange: bool = False,
+    ) -> None:
+        """Rename a file or directory. Replacing an existing file is atomic at the origin for
+        files that exist there; a staged (not yet committed) file is renamed locally and
+        commits to its new name. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
+        if exchange:
+            raise _err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        old = self._child(old_parent, old_name)
+        new = self._child(new_parent, new_name)
+        if old == new:
+            return
+        st_src = self.area.get(old)
+        st_dst = self.area.get(new)
+        dst_entry = None if st_dst is not None else await self._stat(new)
+        if noreplace and (st_dst is not None or dst_entry is not None):
+            raise _err(errno.EEXIST, f"{new}: exists")
+        local_only = st_src is not None and st_src.base_version is None and not st_src.uploading
+        if local_only:
+            if dst_entry is not None and dst_entry.kind is Kind.DIR:
+                raise _err(errno.EISDIR, f"{new}: is a directory")
+        else:
+            src_entry = await self._stat(old) if st_src is None else None
+            if st_src is None and src_entry is None:
+                raise _err(errno.ENOENT, f"{old}: no such file or directory")
+            if src_entry is not None and src_entry.kind is Kind.DIR:
+                if st_dst is not None:
+                    raise _err(errno.ENOTDIR, f"{new}: not a directory")
+                if dst_entry is not None and dst_entry.kind is Kind.DIR and self.area.under(new):
+                    raise _err(errno.ENOTEMPTY, f"{new}: directory not empty")
+            elif dst_entry is not None and dst_entry.kind is Kind.DIR:
+                raise _err(errno.EISDIR, f"{new}: is a directory")
+            try:
+                await self.origin.rename(old, new, replace=not noreplace)
+            except NotFound:
+                if st_src is None:
+                    raise
+        self.area.move(old, new)
+        self.inodes.move(old, new)
+        moved = self.area.get(new)
+        if moved is not None and not local_only and moved.base_version is not None:
+            entry = await self._stat(new)
+            moved.base_version = entry.version if entry is not None else None
+        self.area.notify()
+
+    @counted
+    async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
+        path = self._child(parent_ino, name)
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        entry = await self.origin.symlink(path, target)
+        node = self.inodes.bind(path, Kind.SYMLINK, entry)
+        node.lookups += 1
+        return attr_of_entry(node.ino, entry, self.owner)
+
+    # -- files -----------------------------------------------------------------------------
+
+    async def _wait_upload(self, st: Staged) -> None:
+        while st.uploading:
+            await st.upload_done.wait()
+
+    async def _stage(self, node: Node, *, truncate: bool) -> Staged:
+        """The staged file of ``node``, created (with the origin's content copied in unless
+        ``truncate``) if there is none. Caller holds ``node.lock``."""
+        path = self._path(node)
+        st = self.area.get(path)
+        if st is not None:
+            await self._wait_upload(st)
+            if truncate and st.size:
+                self.area.truncate(st, 0)
+            return st
+        entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
+        if entry is not None and entry.kind is not Kind.FILE:
+            raise _err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
+        st = self.area.create(
+            path,
+            base_version=entry.version if entry is not None else None,
+            mode=entry.mode if entry is not None else 0o644,
+        )
+        if entry is not None and not truncate and entry.size:
+            try:
+                await self.area.reserve(st, entry.size, self.write_wait_s)
+                await self._copy_up(st, ObjectRef(path, entry.version, entry.size))
+            except BaseException:
+                self.area.discard(st)
+                raise
+            st.committed_gen = st.gen  # same bytes as the origin: nothing to commit yet
+        return st
+
+    async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
+        reader = self.readpath.open(obj)
+        try:
+            off = 0
+            while off < obj.size:
+                data = await reader.read(off, min(_COPY_CHUNK, obj.size - off))
+                if not data:
+                    raise _err(errno.EIO, f"{obj.path}: origin returned less than its size")
+                self.area.write(st, off, data)
+                off += len(data)
+        finally:
+            reader.close()
+
+    @counted
+    async def open(self, ino: int, flags: int) -> tuple[int, bool]:
+        """Open a file; returns (fh, keep_cache)."""
+        node = self.inodes.get(ino)
+        if node.kind is Kind.DIR:
+            raise _err(errno.EISDIR, "is a directory")
+        acc = flags & os.O_ACCMODE
+        writable = acc in (os.O_WRONLY, os.O_RDWR)
+        trunc = bool(flags & os.O_TRUNC) and writable
+        async with node.lock:
+            if writable:
+                st = await self._stage(node, truncate=trunc)
+                st.writers += 1
+            else:
+                st = self.area.get(self._path(node))
+            if st is not None:
+                st.refs += 1
+                key = f"staged:{st.id}"
+                keep = node.cached_version == key and not trunc
+                node.cached_version = key
+                handle = Handle(self._fh(), node, writable, st)
+            else:
+                handle = await self._open_origin(node)
+                keep = node.cached_version == handle.version
+                node.cached_version = handle.version
+        node.opens += 1
+        self.handles[handle.fh] = handle
+        return handle.fh, keep
+
+    async def _open_origin(self, node: Node) -> Handle:
+        path = self._path(node)
+        entry = await self._refresh(node)
+        if entry is None:
+            raise _err(errno.ENOENT, f"{path}: no such file")
+        obj = ObjectRef(path, entry.version, entry.size)
+        pinned = None
+        if self._pin is not None:
+            await self.origin.call(self._pin, path, entry.version, what=f"open {path}")
+            pinned = path
+        return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version, pinned)
+
+    @counted
+    async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:
+        """Create and open a new file (staged only until its first commit)."""
+        path = self._child(parent_ino, name)
+        existing = self.area.get(path)
+        if existing is not None and flags & os.O_EXCL:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        node = self.inodes.bind(path, Kind.FILE, None)
+        async with node.lock:
+            st = self.area.create(path, base_version=None, mode=stat.S_IMODE(mode))
+            if flags & os.O_ACCMODE != os.O_RDONLY:
+                st.writers += 1
+            st.refs += 1
+        handle = Handle(self._fh(), node, True, st)
+        node.cached_version = f"staged:{st.id}"
+        node.lookups += 1
+        node.opens += 1
+        self.handles[handle.fh] = handle
+        return handle.fh, self._staged_attr(node, st)
+
+    def _handle(self, fh: int) -> Handle:
+        h = self.handles.get(fh)
+        if h is None:
+            raise _err(errno.EBADF, "bad file handle")
+        return h
+
+    @counted
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        h = self._handle(fh)
+        st = h.staged
+        if st is None and h.node.path is not None:
+            st = self.area.get(h.node.path)
+        if st is not None:
+            return os.pread(st.fd, size, offset)
+        if h.reader is None:
+            raise _err(errno.EIO, "no reader")
+        return await h.reader.read(offset, size)
+
+    @counted
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        h = self._handle(fh)
+        st = h.staged
+        if not h.writable or st is None:
+            raise _err(errno.EBADF, "file not open for writing")
+        await self._wait_upload(st)
+        await self.area.reserve(st, offset + len(data), self.write_wait_s)
+        return self.area.write(st, offset, data)
+
+    @counted
+    async def flush(self, fh: int) -> None:
+        """``close()`` of a file descriptor: journal written content (it survives a daemon
+        crash from here on)."""
+        h = self._handle(fh)
+        if h.writable and h.staged is not None and h.staged.dirty:
+            self.area.journal_closed(h.staged)
+
+    @counted
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is None:
+            return
+        st = h.staged
+        if st is not None:
+            if h.writable:
+                st.writers -= 1
+                if st.dirty:
+                    self.area.journal_closed(st)
+            st.refs -= 1
+            self.area.release(st)
+            self.area.notify()
+        if h.reader is not None:
+            h.reader.close()
+        if h.pinned is not None and self._unpin is not None:
+            self._unpin(h.pinned, h.version)
+        h.node.opens -= 1
+        self.inodes.maybe_drop(h.node)
+
+    @counted
+    async def fsync(self, fh: int) -> None:
+        """Return once this file's content is committed at the origin."""
+        h = self._handle(fh)
+        st = h.staged
+        if st is None or not st.dirty or st.path is None:
+            return
+        self.area.journal_closed(st)
+        await self.commit_now(st)
+
+    async def commit_now(self, st: Staged) -> None:
+        """Ask for ``st``'s current generation to be committed, and wait for it."""
+        gen = st.gen
+        st.urgent = True
+        self.area.notify()
+        while st.path is not None and st.committed_gen < gen:
+            ev = self.area.change_event()
+            if st.error and not st.error_transient and st.attempts >= 1 and not st.uploading:
+                raise _err(errno.EIO, st.error)
+            await ev.wait()
+
+    # -- status ----------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "inodes": len(self.inodes),
+            "open_files": len(self.handles),
+            "ops": dict(self.ops),
+        }

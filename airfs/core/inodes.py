@@ -1,0 +1,136 @@
+"""The inode table: stable inode numbers for paths, kernel lookup counts and ``forget``.
+
+Contract:
+
+* an inode number stays bound to its node while the kernel holds a lookup reference, a handle
+  is open on it, or it has local (staged) content; a rename moves the node (and, for a
+  directory, every known descendant) to the new path without changing numbers;
+* a node replaced or removed while still referenced is *detached*: it keeps its number and
+  its open handles keep working, but no path leads to it any more;
+* the root is inode 1 and is never dropped.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from airfs.origin.base import Entry, Kind
+
+if TYPE_CHECKING:
+    from .staging import Staged
+
+ROOT_INO = 1
+
+
+@dataclass(eq=False)
+class Node:
+    """One inode. ``entry`` is the last origin entry seen (None while the node exists only
+    locally, e.g. a created file not yet committed); ``fetched`` is when (monotonic)."""
+
+    ino: int
+    path: str | None
+    kind: Kind
+    entry: Entry | None
+    fetched: float
+    lookups: int = 0
+    opens: int = 0
+    staged: Staged | None = None
+    #: The version whose bytes the kernel may hold in its page cache for this inode.
+    cached_version: str | None = None
+    lock: trio.Lock = field(default_factory=trio.Lock)
+
+    @property
+    def detached(self) -> bool:
+        return self.path is None
+
+
+class InodeTable:
+    """Maps inode numbers and paths to nodes. Not thread-safe: used from the trio loop only."""
+
+    def __init__(self, root_entry: Entry) -> None:
+        self._by_ino: dict[int, Node] = {}
+        self._by_path: dict[str, Node] = {}
+        self._next = itertools.count(ROOT_INO + 1)
+        root = Node(ROOT_INO, "", Kind.DIR, root_entry, time.monotonic(), lookups=1)
+        self._add(root)
+
+    def _add(self, node: Node) -> None:
+        self._by_ino[node.ino] = node
+        if node.path is not None:
+            self._by_path[node.path] = node
+
+    def __len__(self) -> int:
+        return len(self._by_ino)
+
+    def get(self, ino: int) -> Node:
+        """The node of ``ino``; ESTALE (an ``OSError``) if the kernel names one we dropped."""
+        try:
+            return self._by_ino[ino]
+        except KeyError:
+            raise OSError(errno.ESTALE, f"inode {ino} is not known") from None
+
+    def at(self, path: str) -> Node | None:
+        """The node bound to ``path``, if any."""
+        return self._by_path.get(path)
+
+    def bind(self, path: str, kind: Kind, entry: Entry | None) -> Node:
+        """The node for ``path``, created if needed, with ``entry`` recorded as fresh.
+
+        If the path's node has a different kind (replaced at the origin by another program),
+        the old node is detached and a new one made.
+        """
+        now = time.monotonic()
+        node = self._by_path.get(path)
+        if node is not None and node.kind is kind:
+            if entry is not None:
+                node.entry = entry
+                node.fetched = now
+            return node
+        if node is not None:
+            self.detach(node)
+        node = Node(next(self._next), path, kind, entry, now)
+        self._add(node)
+        return node
+
+    def detach(self, node: Node) -> None:
+        """Unbind ``node`` from its path (removed or replaced); drop it if unreferenced."""
+        if node.path is not None and self._by_path.get(node.path) is node:
+            del self._by_path[node.path]
+        node.path = None
+        self.maybe_drop(node)
+
+    def move(self, old: str, new: str) -> None:
+        """Rebind ``old`` (and every known path under it) to ``new``. Whatever was bound at
+        ``new`` (or under it) is detached first."""
+        for path in [p for p in self._by_path if p == new or p.startswith(new + "/")]:
+            self.detach(self._by_path[path])
+        moved = [(p, n) for p, n in self._by_path.items() if p == old or p.startswith(old + "/")]
+        for p, _ in moved:
+            del self._by_path[p]
+        for p, n in moved:
+            n.path = new + p[len(old) :]
+            self._by_path[n.path] = n
+
+    def forget(self, ino: int, count: int) -> None:
+        node = self._by_ino.get(ino)
+        if node is None or ino == ROOT_INO:
+            return
+        node.lookups = max(0, node.lookups - count)
+        self.maybe_drop(node)
+
+    def maybe_drop(self, node: Node) -> None:
+        """Forget ``node`` entirely once nothing references it."""
+        if node.ino == ROOT_INO or node.lookups or node.opens or node.staged is not None:
+            return
+        self._by_ino.pop(node.ino, None)
+        if node.path is not None and self._by_path.get(node.path) is node:
+            del self._by_path[node.path]
+
+    def nodes(self) -> list[Node]:
+        return list(self._by_ino.values())

@@ -1,0 +1,155 @@
+"""Whole-file prefetch: ``airfs warm`` (foreground, with progress) and the background
+prefetch queue that :mod:`airfs.data` feeds through the control socket."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import trio
+
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Kind, OriginError, join
+from airfs.readpath import ObjectRef, ReadPath
+
+log = logging.getLogger(__name__)
+
+
+async def collect_files(origin: AsyncOrigin, paths: list[str], jobs: int = 32) -> list[ObjectRef]:
+    """Every file under ``paths`` (files themselves, directories recursively), listing
+    directories concurrently. Raises the origin's error for a path that does not exist."""
+    out: list[ObjectRef] = []
+    limit = trio.CapacityLimiter(jobs)
+
+    async def visit_dir(path: str, nursery: trio.Nursery) -> None:
+        async with limit:
+            entries = await origin.list(path)
+        for e in entries:
+            child = join(path, e.name)
+            if e.kind is Kind.FILE:
+                out.append(ObjectRef(child, e.version, e.size))
+            elif e.kind is Kind.DIR:
+                nursery.start_soon(visit_dir, child, nursery)
+
+    async with trio.open_nursery() as nursery:
+        for p in paths:
+            e = await origin.stat(p)
+            if e.kind is Kind.FILE:
+                out.append(ObjectRef(p, e.version, e.size))
+            elif e.kind is Kind.DIR:
+                nursery.start_soon(visit_dir, p, nursery)
+    out.sort(key=lambda o: o.path)
+    return out
+
+
+async def warm(
+    origin: AsyncOrigin,
+    readpath: ReadPath,
+    paths: list[str],
+    jobs: int,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Fetch every file under ``paths`` into the cache with ``jobs`` concurrent fetches.
+
+    Returns a summary: files, bytes (total size), fetched (bytes read from the origin; files
+    already cached cost nothing), seconds, MiB/s, and failures (path and error, at most 20)."""
+    t0 = time.monotonic()
+    files = await collect_files(origin, paths)
+    total = sum(f.size for f in files)
+    done = {"files": 0, "bytes": 0, "fetched": 0}
+    failures: list[dict[str, str]] = []
+    sem = trio.Semaphore(max(1, jobs))
+    last = 0.0
+
+    def report(final: bool = False) -> None:
+        nonlocal last
+        now = time.monotonic()
+        if on_progress is not None and (final or now - last >= 0.25):
+            last = now
+            on_progress(
+                {
+                    **done,
+                    "total_files": len(files),
+                    "total_bytes": total,
+                    "seconds": round(now - t0, 3),
+                }
+            )
+
+    async def one(obj: ObjectRef) -> None:
+        async with sem:
+            try:
+                done["fetched"] += await readpath.warm(obj)
+            except OriginError as exc:
+                failures.append({"path": obj.path, "error": str(exc)})
+                log.warning("warm %s failed: %s", obj.path, exc)
+            done["files"] += 1
+            done["bytes"] += obj.size
+            report()
+
+    async with trio.open_nursery() as nursery:
+        for obj in files:
+            nursery.start_soon(one, obj)
+    report(final=True)
+    seconds = time.monotonic() - t0
+    return {
+        "files": len(files),
+        "bytes": total,
+        "fetched": done["fetched"],
+        "seconds": round(seconds, 3),
+        "mib_s": round(total / seconds / 2**20, 1) if seconds > 0 else 0.0,
+        "failed": len(failures),
+        "failures": failures[:20],
+    }
+
+
+class BackgroundPrefetch:
+    """A bounded queue of paths to warm in the background (for the torch dataset).
+
+    ``submit`` never blocks: when the queue is full the oldest requests are dropped (they are
+    hints, not promises). Errors are logged and counted, never raised."""
+
+    def __init__(
+        self, origin: AsyncOrigin, readpath: ReadPath, *, jobs: int = 32, depth: int = 4096
+    ) -> None:
+        self.origin = origin
+        self.readpath = readpath
+        self.jobs = jobs
+        self._send, self._recv = trio.open_memory_channel[str](depth)
+        self.submitted = 0
+        self.dropped = 0
+        self.warmed = 0
+        self.failed = 0
+
+    def submit(self, paths: list[str]) -> None:
+        for p in paths:
+            try:
+                self._send.send_nowait(p)
+                self.submitted += 1
+            except trio.WouldBlock:
+                self.dropped += 1
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(self.jobs):
+                nursery.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        async for path in self._recv:
+            try:
+                entry = await self.origin.stat(path)
+                if entry.kind is Kind.FILE:
+                    await self.readpath.warm(ObjectRef(path, entry.version, entry.size))
+                    self.warmed += 1
+            except OriginError as exc:
+                self.failed += 1
+                log.debug("prefetch %s failed: %s", path, exc)
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "submitted": self.submitted,
+            "dropped": self.dropped,
+            "warmed": self.warmed,
+            "failed": self.failed,
+        }

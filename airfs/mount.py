@@ -1,0 +1,393 @@
+"""The one place that builds a mount: origin → read path → staging + uploader → core → FUSE
+adapter → control socket; then serves until unmounted, draining pending commits first.
+
+Run as ``python -m airfs.mount CONFIG_JSON [--ready-fd N]`` by ``airfs mount`` (which detaches
+it), or in-process with ``--foreground``. Readiness is reported once, on the ready fd: ``OK`` when
+the mount is up, or ``ERR <one-line reason>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyfuse3
+import trio
+
+from airfs.control.protocol import socket_path
+from airfs.control.server import ControlServer, Progress
+from airfs.core.attrs import Owner
+from airfs.core.fs import Filesystem
+from airfs.core.warm import BackgroundPrefetch, warm
+from airfs.fuse.ops import FuseOps
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Origin, OriginError
+from airfs.origin.posix import PosixOrigin
+from airfs.readpath import DirectReadPath, ReadPath
+from airfs.writeback.staging import StagingArea
+from airfs.writeback.uploader import Uploader
+
+log = logging.getLogger("airfs")
+
+
+@dataclass
+class MountConfig:
+    """Everything a daemon needs; the CLI fills it and passes it as JSON."""
+
+    mountpoint: str
+    origin: str | None  # None: overlay the mountpoint in place
+    cache_dir: str
+    cache_size: int = 50 << 30
+    min_free: int = 5 << 30
+    staging_size: int = 100 << 30
+    ttl: float = 1.0
+    log_file: str | None = None
+    allow_other: bool | None = None
+    s3_endpoint: str | None = None
+    s3_region: str | None = None
+    s3_path_style: bool | None = None
+    drain_timeout: float = 3600.0
+    read_ahead_kb: int = 1024
+    debug: bool = False
+    no_cache: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> MountConfig:
+        return cls(**json.loads(text))
+
+
+class MountError(Exception):
+    """A mount cannot start; the message is the one line shown to the user."""
+
+
+def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
+    """Build the origin named by the config. Raises :class:`MountError`."""
+    spec = cfg.origin
+    try:
+        if spec is None:
+            assert overlay_fd is not None
+            return PosixOrigin(cfg.mountpoint, dir_fd=overlay_fd)
+        if spec.startswith("s3://"):
+            try:
+                from airfs.origin.s3 import S3Origin
+            except ImportError as exc:  # pragma: no cover - s3 support is part of the package
+                raise MountError(f"S3 origins are not available: {exc}") from None
+            return S3Origin.from_url(
+                spec,
+                endpoint=cfg.s3_endpoint,
+                region=cfg.s3_region,
+                path_style=cfg.s3_path_style,
+            )
+        if "://" in spec and not spec.startswith("file://"):
+            raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")
+        return PosixOrigin(spec.removeprefix("file://"))
+    except OriginError as exc:
+        raise MountError(f"origin {spec or cfg.mountpoint}: {exc.strerror or exc}") from None
+
+
+def make_readpath(cfg: MountConfig, origin: AsyncOrigin) -> ReadPath:
+    """The block cache + prefetcher (direct origin reads with ``no_cache``)."""
+    return DirectReadPath(origin)
+
+
+def _allow_other(cfg: MountConfig) -> bool:
+    if cfg.allow_other is not None:
+        return cfg.allow_other
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open("/etc/fuse.conf", encoding="utf-8") as f:
+            return any(line.strip() == "user_allow_other" for line in f)
+    except OSError:
+        return False
+
+
+def mount_device(mountpoint: str) -> str | None:
+    """``major:minor`` of the filesystem mounted at ``mountpoint`` (from mountinfo, so the
+    mount itself is never touched: stat'ing it before the FUSE loop runs would deadlock)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        found = None
+        for line in f:
+            parts = line.split()
+            if len(parts) > 4 and parts[4].encode().decode("unicode_escape") == mountpoint:
+                found = parts[2]
+        return found
+
+
+def raise_read_ahead(mountpoint: str, kb: int) -> bool:
+    """Raise the mount's kernel readahead so sequential reads arrive as 1 MiB requests."""
+    dev = mount_device(mountpoint)
+    if dev is None:
+        return False
+    path = f"/sys/class/bdi/{dev}/read_ahead_kb"
+    try:
+        with open(path, "w", encoding="ascii") as f:
+            f.write(str(kb))
+        return True
+    except OSError as exc:
+        log.info("could not raise %s to %d: %s", path, kb, exc)
+        return False
+
+
+class Daemon:
+    """One mount's running state; also what the control socket talks to."""
+
+    def __init__(self, cfg: MountConfig) -> None:
+        self.cfg = cfg
+        self.started = time.time()
+        self.stop_requested = trio.Event()
+        self.fuse_done = trio.Event()
+        self.fs: Filesystem
+        self.uploader: Uploader
+        self.area: StagingArea
+        self.readpath: ReadPath
+        self.origin: AsyncOrigin
+        self.prefetcher: BackgroundPrefetch
+        self.read_ahead = False
+
+    # -- control operations -----------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "mountpoint": self.cfg.mountpoint,
+            "origin": self.origin.url,
+            "cache_dir": self.cfg.cache_dir,
+            "pid": os.getpid(),
+            "uptime_s": round(time.time() - self.started, 1),
+            "ttl": self.cfg.ttl,
+            "read_ahead_kb": self.cfg.read_ahead_kb if self.read_ahead else None,
+            "fs": self.fs.statistics(),
+            "cache": self.readpath.statistics(),
+            "writeback": self.uploader.statistics(),
+            "prefetch": self.prefetcher.statistics(),
+        }
+
+    async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]:
+        return await warm(self.origin, self.readpath, paths, jobs, progress)
+
+    def prefetch(self, paths: list[str]) -> dict[str, Any]:
+        self.prefetcher.submit(paths)
+        return {"queued": len(paths)}
+
+    async def flush(self, path: str, progress: Progress) -> dict[str, Any]:
+        t0 = time.monotonic()
+        out = await self.uploader.flush(path, progress)
+        await trio.to_thread.run_sync(self.area.journal.sync)
+        return {**out, "seconds": round(time.monotonic() - t0, 3)}
+
+    async def unmount(self, progress: Progress) -> dict[str, Any]:
+        """Drain pending commits while still serving, then unmount."""
+        result = await self._drain(progress)
+        self.stop_requested.set()
+        return result
+
+    async def _drain(self, progress: Progress | None = None) -> dict[str, Any]:
+        left = self.area.pending()
+        if left:
+            log.info("draining %d pending file(s) before unmount", len(left))
+        with trio.move_on_after(self.cfg.drain_timeout) as scope:
+            try:
+                out = await self.uploader.flush("", progress)
+            except OSError as exc:
+                log.error("unmount: %s; kept in the journal for the next mount", exc)
+                return {"drained": False, "error": str(exc), "pending": len(self.area.pending())}
+        if scope.cancelled_caught:
+            n = len(self.area.pending())
+            log.error(
+                "unmount: %d file(s) still pending after %ss; they stay in the journal "
+                "and are committed at the next mount",
+                n,
+                self.cfg.drain_timeout,
+            )
+            return {"drained": False, "error": "drain timed out", "pending": n}
+        return {"drained": True, **out}
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, ready: Callable[[str | None], None]) -> int:
+        cfg = self.cfg
+        overlay_fd = None
+        if cfg.origin is None:
+            overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        sync_origin = open_origin(cfg, overlay_fd)
+        os.makedirs(cfg.cache_dir, exist_ok=True)
+        lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise MountError(
+                f"cache dir {cfg.cache_dir} is in use by another airfs mount"
+            ) from None
+        self.origin = AsyncOrigin(sync_origin)
+        try:
+            root = await self.origin.stat("")
+        except OriginError as exc:
+            raise MountError(f"origin {self.origin.url}: {exc.strerror or exc}") from None
+        self.area = StagingArea(cfg.cache_dir, limit=cfg.staging_size, min_free=0)
+        recovered = self.area.recover()
+        if recovered:
+            log.info("journal replay: %d closed file(s) to commit", len(recovered))
+        self.readpath = make_readpath(cfg, self.origin)
+        self.uploader = Uploader(
+            self.area,
+            self.origin,
+            conditional=bool(getattr(sync_origin, "conditional_writes", False)),
+        )
+        self.fs = Filesystem(
+            self.origin,
+            self.readpath,
+            self.area,
+            self.uploader,
+            root,
+            ttl=cfg.ttl,
+            owner=Owner(os.getuid(), os.getgid()),
+        )
+        self.prefetcher = BackgroundPrefetch(self.origin, self.readpath)
+        ops = FuseOps(self.fs, cfg.ttl)
+        fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")
+        options = {"fsname=" + fsname, "subtype=airfs", "default_permissions"}
+        if _allow_other(cfg):
+            options.add("allow_other")
+        if cfg.debug:
+            options.add("debug")
+        # Everything that touches the mountpoint path happens before init: once mounted, a
+        # stat of it would wait for this very process to answer.
+        control = ControlServer(self, socket_path(cfg.mountpoint))
+        try:
+            pyfuse3.init(ops, cfg.mountpoint, options)
+        except RuntimeError as exc:
+            raise MountError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
+        code = 0
+        try:
+            self.read_ahead = raise_read_ahead(cfg.mountpoint, cfg.read_ahead_kb)
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self.uploader.run)
+                await nursery.start(control.serve)
+                nursery.start_soon(self._fuse_main)
+                nursery.start_soon(self._signals)
+                nursery.start_soon(self._sync_journal)
+                nursery.start_soon(self.prefetcher.run)
+                log.info(
+                    "mounted %s on %s (cache %s)", self.origin.url, cfg.mountpoint, cfg.cache_dir
+                )
+                ready(None)
+                with trio.CancelScope() as wait_scope:
+                    nursery.start_soon(_set_when, self.fuse_done, wait_scope)
+                    await self.stop_requested.wait()
+                if not self.fuse_done.is_set():
+                    pyfuse3.terminate()
+                    await self.fuse_done.wait()
+                else:
+                    log.info("unmounted externally; committing pending writes")
+                result = await self._drain()
+                code = 0 if result.get("drained") else 3
+                nursery.cancel_scope.cancel()
+        finally:
+            with contextlib.suppress(Exception):
+                pyfuse3.close(unmount=True)
+            await self.readpath.aclose()
+            self.area.close()
+            sync_origin.close()
+            os.close(lock_fd)
+            log.info("daemon exits with code %d", code)
+        return code
+
+    async def _fuse_main(self) -> None:
+        try:
+            await pyfuse3.main()
+        finally:
+            self.fuse_done.set()
+
+    async def _signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as sigs:
+            async for sig in sigs:
+                log.info("signal %d: draining and unmounting", sig)
+                if sig == signal.SIGHUP:
+                    continue
+                result = await self._drain()
+                if not result.get("drained"):
+                    log.error("unmounting with %d file(s) still pending", result.get("pending", 0))
+                self.stop_requested.set()
+
+    async def _sync_journal(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            await trio.to_thread.run_sync(self.area.journal.sync)
+
+
+async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def setup_logging(cfg: MountConfig, foreground: bool) -> None:
+    level = logging.DEBUG if cfg.debug else logging.INFO
+    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    handlers: list[logging.Handler] = []
+    if cfg.log_file:
+        os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
+        handlers.append(logging.FileHandler(cfg.log_file))
+    if foreground or not handlers:
+        handlers.append(logging.StreamHandler(sys.stderr))
+    logging.basicConfig(level=level, format=fmt, handlers=handlers, force=True)
+    logging.getLogger("trio").setLevel(logging.WARNING)
+
+
+def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False) -> int:
+    """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code."""
+    setup_logging(cfg, foreground)
+    said = False
+
+    def ready(err: str | None) -> None:
+        nonlocal said
+        if said:
+            return
+        said = True
+        if ready_fd is not None:
+            msg = "OK\n" if err is None else f"ERR {err}\n"
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, msg.encode())
+                os.close(ready_fd)
+        elif err is not None:
+            print(f"airfs: {err}", file=sys.stderr)
+
+    try:
+        return trio.run(Daemon(cfg).run, ready)
+    except MountError as exc:
+        log.error("%s", exc)
+        ready(str(exc))
+        return 1
+    except Exception as exc:
+        log.exception("daemon failed")
+        ready(f"daemon failed: {exc}")
+        return 1
+    finally:
+        ready("daemon exited before the mount was ready")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    ready_fd = None
+    if "--ready-fd" in args:
+        i = args.index("--ready-fd")
+        ready_fd = int(args[i + 1])
+        del args[i : i + 2]
+    cfg = MountConfig.from_json(args[0])
+    return run(cfg, ready_fd, foreground=ready_fd is None)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
