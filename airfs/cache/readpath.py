@@ -75,6 +75,7 @@ from .store import (
     bad_chunks,
     checksums,
     copy_into,
+    create_file,
     object_key,
     punch,
     read_nowait,
@@ -519,7 +520,7 @@ class CachedReadPath:
             reserved = nbytes
             try:
                 await self._punches_done(cobj)
-                fd = self._fd(cobj, create=True)
+                fd = await self._fd_for_write(cobj)
                 cobj.io += 1
                 try:
                     crcs = await trio.to_thread.run_sync(
@@ -687,32 +688,45 @@ class CachedReadPath:
             self._dirty_map.add(obj.key)
             self._mark_dirty()
 
-    def _fd(self, obj: CachedObject, *, create: bool) -> int:
-        """The object's cache file descriptor, opened (or created) inline: a metadata-only
-        system call. -1 if there is no file and ``create`` is false."""
-        if obj.fd >= 0:
+    def _fd(self, obj: CachedObject) -> int:
+        """The object's open cache file, or -1 when it has none. Opening an existing file is
+        done inline (a few microseconds); *creating* one is not (see :meth:`_fd_for_write`)."""
+        if obj.fd >= 0 or not obj.file_created:
             return obj.fd
-        path = os.path.join(self._data_dir, obj.file_name())
-        fd = -1
-        if obj.file_created:
+        try:
+            obj.fd = os.open(
+                os.path.join(self._data_dir, obj.file_name()), os.O_RDWR | os.O_CLOEXEC
+            )
+        except FileNotFoundError:
+            log.warning("cache file of %s vanished; refetching", obj.path)
+            self._wipe(obj)
+            obj.file_created = False
+        return obj.fd
+
+    async def _fd_for_write(self, obj: CachedObject) -> int:
+        """The object's cache file, created in a worker thread if needed (file creation took
+        0.1-0.3 ms on ext4: too long for the loop). Concurrent callers share one creation."""
+        while obj.fd < 0:
+            if obj.creating is not None:
+                await obj.creating.wait()
+                continue
+            if self._fd(obj) >= 0:
+                break
+            ev = obj.creating = trio.Event()
+            obj.io += 1
             try:
-                fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                log.warning("cache file of %s vanished; refetching", obj.path)
-                self._wipe(obj)
-                obj.file_created = False
-        if fd < 0:
-            if not create:
-                return -1
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            try:
-                os.ftruncate(fd, obj.size)  # sparse, full size: writes do not extend it
-            except OSError:
-                os.close(fd)
-                raise
-            obj.file_created = True
-        obj.fd = fd
-        return fd
+                obj.fd = await trio.to_thread.run_sync(
+                    create_file, self._file_path(obj), obj.size, limiter=self._io_limiter
+                )
+                obj.file_created = True
+            finally:
+                obj.io -= 1
+                obj.creating = None
+                ev.set()
+        return obj.fd
+
+    def _file_path(self, obj: CachedObject) -> str:
+        return os.path.join(self._data_dir, obj.file_name())
 
     def _maybe_release(self, obj: CachedObject) -> None:
         """Close the file of an object nobody uses; forget an object with nothing cached."""
@@ -828,7 +842,7 @@ class CachedReadPath:
         cs = self._cs
         c0, c1 = s // cs, (e - 1) // cs + 1
         a, z = c0 * cs, min(c1 * cs, obj.size)
-        fd = self._fd(obj, create=False)
+        fd = self._fd(obj)
         if fd < 0:
             return False
         n = z - a
@@ -854,7 +868,7 @@ class CachedReadPath:
         cs = self._cs
         c0, c1 = s // cs, (e - 1) // cs + 1
         a, z = c0 * cs, min(c1 * cs, obj.size)
-        fd = self._fd(obj, create=False)
+        fd = self._fd(obj)
         if fd < 0:
             return False
         crcs = obj.crcs
@@ -955,26 +969,46 @@ class CachedReadPath:
                     return
                 part.started = True
                 await self._punches_done(obj)
-                fd = -1
+                fd, create = -1, ""
                 if self._reserve(obj, n):
                     reserved = n
-                    try:
-                        fd = self._fd(obj, create=True)
-                    except OSError as exc:
-                        log.warning("cache: cannot create file for %s: %s", obj.path, exc)
+                    if (
+                        part.b0 == 0
+                        and part.b1 == obj.nblocks
+                        and obj.fd < 0
+                        and not obj.file_created
+                        and obj.creating is None
+                    ):
+                        # the whole object in one part (small files): create the file in the
+                        # same worker-thread job as the fetch, saving a thread round trip
+                        create = self._file_path(obj)
+                        obj.creating = trio.Event()
+                    else:
+                        try:
+                            fd = await self._fd_for_write(obj)
+                        except OSError as exc:
+                            log.warning("cache: cannot create file for %s: %s", obj.path, exc)
                 obj.io += 1
+                new_fd = -1
                 try:
-                    data, crcs = await trio.to_thread.run_sync(
+                    data, crcs, new_fd = await trio.to_thread.run_sync(
                         self._fetch_job,
                         obj.path,
                         obj.version,
                         part.start,
                         n,
                         fd,
+                        create,
+                        obj.size,
                         limiter=self._origin.limiter,
                     )
                 finally:
                     obj.io -= 1
+                    if create:
+                        if new_fd >= 0:
+                            obj.fd, obj.file_created = new_fd, True
+                        ev, obj.creating = obj.creating, None
+                        ev.set()
             s = self.stats
             s.origin_requests += 1
             s.origin_bytes_read += n
@@ -1020,10 +1054,11 @@ class CachedReadPath:
             await obj.punch_done.wait()
 
     def _fetch_job(
-        self, path: str, version: str, start: int, n: int, fd: int
-    ) -> tuple[bytes, array[int] | None]:
+        self, path: str, version: str, start: int, n: int, fd: int, create: str, size: int
+    ) -> tuple[bytes, array[int] | None, int]:
         """Worker thread: read a range from the origin (retrying transient errors), then
-        checksum it and write it into the cache file (``fd`` -1: do not store)."""
+        checksum it and write it into the cache file — ``fd``, or a new file at ``create``
+        (of ``size`` bytes) whose descriptor is returned; neither: do not store."""
         sync = self._origin.sync
         data = retry(
             lambda: sync.read_range(path, start, n, version),
@@ -1032,16 +1067,19 @@ class CachedReadPath:
         )
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
-        if fd < 0:
-            return data, None
+        new_fd = -1
         try:
+            if create:
+                fd = new_fd = create_file(create, size)
+            if fd < 0:
+                return data, None, new_fd
             crcs = checksums(data, self._cs)
             allocate(fd, start, n)
             write_all(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)
-            return data, None
-        return data, crcs
+            return data, None, new_fd
+        return data, crcs, new_fd
 
     def _commit(self, obj: CachedObject, b0: int, b1: int, crcs: array[int], mark: int) -> None:
         """Blocks ``[b0, b1)`` are on disk with these chunk checksums; their bytes were reserved."""
@@ -1127,7 +1165,7 @@ class CachedReadPath:
         self._dirty_meta.add(obj.key)
         self._dirty_map.add(obj.key)
         self._mark_dirty()
-        fd = self._fd(obj, create=False)
+        fd = self._fd(obj)
         if fd >= 0:
             obj.io += 1
             obj.punches += 1

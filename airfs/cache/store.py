@@ -38,6 +38,7 @@ __all__ = [
     "allocate",
     "checksums",
     "copy_into",
+    "create_file",
     "object_key",
     "punch",
     "read_nowait",
@@ -76,6 +77,7 @@ class CachedObject:
         "cached",
         "chunk_size",
         "crcs",
+        "creating",
         "dead",
         "fd",
         "file_created",
@@ -132,6 +134,7 @@ class CachedObject:
         self.inflight: dict[int, Any] = {}
         self.dead = False
         self.loading: Any = None
+        self.creating: Any = None  # trio.Event while the cache file is being created
         #: hole punches queued and not done; writes wait for them (``punch_done`` is set then)
         self.punches = 0
         self.punch_done: Any = None
@@ -232,6 +235,17 @@ def punch(fd: int, ranges: Sequence[tuple[int, int]]) -> bool:
                 return False
             raise OSError(err, os.strerror(err))
     return True
+
+
+def create_file(path: str, size: int) -> int:
+    """Create (or truncate) a cache file of ``size`` bytes, all holes; returns its fd."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, size)  # full size up front: writes never extend the file
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def allocate(fd: int, offset: int, length: int) -> None:
