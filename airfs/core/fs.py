@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Kind, NotFound, join
+from airfs.origin.base import Conflict, Entry, Kind, NotFound, join
 from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 from airfs.writeback.uploader import Uploader
@@ -258,12 +258,17 @@ class Filesystem:
                     st = handle.staged
                 else:
                     st = await self._stage(node, truncate=size == 0)
-                await self._wait_upload(st)
-                await self.area.reserve(st, size, self.write_wait_s)
-                if size != st.size or size != 0:
-                    self.area.truncate(st, size)
-                if handle is None or not handle.writable:
-                    self.area.journal_closed(st)
+                st.refs += 1  # keep it while we wait below
+                try:
+                    await self._wait_upload(st)
+                    await self.area.reserve(st, size, self.write_wait_s)
+                    if size != st.size or size != 0:
+                        self.area.truncate(st, size)
+                    if handle is None or not handle.writable:
+                        self.area.journal_closed(st)
+                finally:
+                    st.refs -= 1
+                    self.area.release(st)
                     self.area.notify()
         if mode is not None or mtime_ns is not None:
             st = self.area.get(node.path) if node.path is not None else None
@@ -457,9 +462,9 @@ class Filesystem:
         """The staged file of ``node``, created (with the origin's content copied in unless
         ``truncate``) if there is none. Caller holds ``node.lock``."""
         path = self._path(node)
-        st = self.area.get(path)
+        while (st := self.area.get(path)) is not None and st.uploading:
+            await self._wait_upload(st)  # the upload may end by dropping it: look again
         if st is not None:
-            await self._wait_upload(st)
             if truncate and st.size:
                 self.area.truncate(st, 0)
             return st
@@ -525,15 +530,23 @@ class Filesystem:
 
     async def _open_origin(self, node: Node) -> Handle:
         path = self._path(node)
-        entry = await self._refresh(node)
-        if entry is None:
-            raise _err(errno.ENOENT, f"{path}: no such file")
-        obj = ObjectRef(path, entry.version, entry.size)
-        pinned = None
-        if self._pin is not None:
-            await self.origin.call(self._pin, path, entry.version, what=f"open {path}")
-            pinned = path
-        return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version, pinned)
+        for _attempt in range(3):
+            entry = await self._refresh(node)
+            if entry is None:
+                raise _err(errno.ENOENT, f"{path}: no such file")
+            if self._pin is None:
+                obj = ObjectRef(path, entry.version, entry.size)
+                return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version)
+            try:
+                await self.origin.call(self._pin, path, entry.version, what=f"open {path}")
+            except Conflict:
+                node.fetched = 0.0  # changed within the TTL: look again
+                continue
+            obj = ObjectRef(path, entry.version, entry.size)
+            return Handle(
+                self._fh(), node, False, None, self.readpath.open(obj), entry.version, path
+            )
+        raise _err(errno.EIO, f"{path}: keeps changing at the origin")
 
     @counted
     async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:

@@ -59,6 +59,29 @@ def _entry(name: str, st: os.stat_result) -> Entry:
     )
 
 
+def _copy_sparse(src: int, dst: int) -> None:
+    """Copy file ``src`` into empty file ``dst`` in the kernel, skipping holes."""
+    size = os.fstat(src).st_size
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(src, pos, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # only a hole from here on
+                break
+            raise
+        end = os.lseek(src, start, os.SEEK_HOLE)
+        off_in, off_out = start, start
+        while off_in < end:
+            n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
+            if n == 0:
+                break
+            off_in += n
+            off_out += n
+        pos = end
+    os.ftruncate(dst, size)
+
+
 class PosixOrigin:
     """An origin backed by a local (or NFS, or any POSIX) directory."""
 
@@ -235,13 +258,7 @@ class PosixOrigin:
         try:
             try:
                 with open(source, "rb") as src:
-                    size = os.fstat(src.fileno()).st_size
-                    copied = 0
-                    while copied < size:
-                        n = os.copy_file_range(src.fileno(), dst, min(_COPY_CHUNK, size - copied))
-                        if n == 0:
-                            break
-                        copied += n
+                    _copy_sparse(src.fileno(), dst)
                 os.fchmod(dst, 0o644 if mode is None else mode)
                 os.fsync(dst)
             finally:

@@ -21,7 +21,7 @@ from airfs.origin.base import Entry, Origin
 from airfs.origin.posix import PosixOrigin
 from airfs.origin.s3 import S3Origin
 from airfs.testing.memory import MemoryOrigin
-from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
+from airfs.testing.seaweed import SeaweedServer
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -36,17 +36,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:  # this hook sees the whole session: touch only this directory's tests
         if "slow" in item.keywords and here in Path(item.path).parents:
             item.add_marker(skip)
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    """One SeaweedFS server for the session (stopped at the end even if tests fail)."""
-    try:
-        find_weed()
-    except FileNotFoundError as exc:
-        pytest.skip(str(exc))
-    with seaweed_server(tmp_path_factory.mktemp("seaweed")) as srv:
-        yield srv
 
 
 def new_s3_origin(srv: SeaweedServer, **kwargs: Any) -> S3Origin:

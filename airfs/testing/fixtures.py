@@ -1,0 +1,59 @@
+"""Test fixtures' value types: an origin to mount and a mounted volume (used by
+``tests/conftest.py`` and by the tests that receive them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airfs.origin.base import Origin
+
+from .mountfix import Mounted, mount, teardown
+
+
+@dataclass
+class OriginSpec:
+    """An origin to mount: ``spec`` for ``--origin``, the environment and extra mount
+    arguments it needs, and ``view``, a synchronous origin on the same data for assertions."""
+
+    kind: str
+    spec: str
+    env: dict[str, str]
+    args: list[str]
+    view: Origin
+    dir: Path | None = None  # the directory, for posix
+
+
+@dataclass
+class Volume:
+    """A mounted origin. ``remount`` unmounts (draining) and mounts again on the same cache."""
+
+    spec: OriginSpec
+    tmp: Path
+    m: Mounted
+    extra: list[str] = field(default_factory=list)
+
+    @property
+    def root(self) -> Path:
+        return self.m.mountpoint
+
+    def remount(self, *extra: str) -> Mounted:
+        self.m.umount()
+        teardown(self.m)
+        self.m = self.mount(*extra)
+        return self.m
+
+    def mount(self, *extra: str) -> Mounted:
+        return mount(
+            self.spec.spec,
+            self.tmp / "mnt",
+            self.tmp / "cache",
+            *self.spec.args,
+            *self.extra,
+            *extra,
+            env=self.spec.env,
+        )
+
+    def origin_bytes(self, rel: str) -> bytes:
+        e = self.spec.view.stat(rel)
+        return self.spec.view.read_range(rel, 0, e.size) if e.size else b""
