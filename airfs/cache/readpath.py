@@ -500,13 +500,13 @@ class CachedReadPath:
             await self._ensure_loaded(cobj)
             have, inflight = cobj.have, cobj.inflight
             assert have is not None
+            size = (await trio.to_thread.run_sync(os.stat, local_file)).st_size
+            if size != obj.size:
+                raise ValueError(f"{local_file}: {size} bytes, but {obj.path} has {obj.size}")
             runs = list(
                 split_runs(0, cobj.nblocks, 1 << 62, lambda b: bool(have[b]) or b in inflight)
             )
-            if cobj.size == 0 or not runs:
-                size = (await trio.to_thread.run_sync(os.stat, local_file)).st_size
-                if size != obj.size:
-                    raise ValueError(f"{local_file}: {size} bytes, but {obj.path} has {obj.size}")
+            if not runs:
                 return True
             nbytes = sum(cobj.run_len(b0, b1) for b0, b1 in runs)
             if not self._reserve(cobj, nbytes):
@@ -539,11 +539,9 @@ class CachedReadPath:
                 reserved = 0
                 self.stats.adopted_bytes += nbytes
                 return True
-            except BaseException as exc:
-                for p in parts:
-                    p.error = exc if isinstance(exc, Exception) else OriginError("cancelled")
-                raise
             finally:
+                # reads waiting on these blocks plan again: they find them cached, or (if
+                # adopting failed) fetch them; an adopt failure is never theirs
                 self._used -= reserved
                 for p in parts:
                     for b in range(p.b0, p.b1):
@@ -563,7 +561,27 @@ class CachedReadPath:
         return copy_into(local_file, fd, ranges, whole, self._cs)
 
     def statistics(self) -> dict[str, Any]:
-        """Counters since start (see the keys; all byte counts are bytes)."""
+        """A snapshot for ``airfs status`` and metrics. Counters run since this read path was
+        created; sizes are bytes.
+
+        * ``cache_bytes_used`` (cached blocks + space reserved for fetches in flight),
+          ``cache_bytes_limit`` (``cache_size``), ``cache_bytes_limit_now`` (lowered by
+          ``min_free``), ``min_free``, ``disk_free_bytes`` (last ``statvfs``), ``cache_objects``,
+          ``block_size``, ``checksum_chunk``;
+        * ``reads``; ``hit_bytes`` (served from cache files), ``miss_bytes`` (served from a
+          fetch a read waited for); ``origin_bytes_read``, ``origin_requests``;
+        * ``evictions`` (objects dropped + block runs punched), ``evicted_bytes``,
+          ``corrupt_blocks`` (checksum failures, refetched), ``uncached_bytes`` (fetched but not
+          kept: no room), ``warm_bytes``, ``adopted_bytes``;
+        * ``prefetch_window_current`` (largest window of the open sequential streams),
+          ``prefetch_window_max`` (largest ever), ``prefetch_bytes`` (fetched ahead),
+          ``prefetch_hits`` (prefetched blocks later read from the cache), ``prefetch_waits``
+          (reads that waited for a prefetch in flight), ``prefetch_resets`` (streams broken by
+          far jumps), ``prefetch_abandoned`` (queued prefetches dropped after a jump/close);
+        * ``inflight_bytes`` (fetches in flight now), ``inflight_peak_bytes``,
+          ``inflight_budget``; ``readers_open``; ``index_pending`` (objects not yet written to
+          the index), ``index_flushes`` (index transactions).
+        """
         s = self.stats
         streams = [r.stream for r in self._readers]
         return {
@@ -1193,7 +1211,10 @@ class CachedReadPath:
         kind = op[0]
         if kind in ("unlink", "unlinks"):
             paths = [op[1]] if kind == "unlink" else op[1]
-            await trio.to_thread.run_sync(_unlink_all, paths, limiter=self._io_limiter)
+            try:
+                await trio.to_thread.run_sync(_unlink_all, paths, limiter=self._io_limiter)
+            except OSError as exc:
+                log.warning("cache: cannot delete evicted files: %s", exc)
             self._space.invalidate()
         elif kind == "punch":
             obj, ranges = op[1], op[2]
@@ -1215,7 +1236,11 @@ class CachedReadPath:
         while True:
             await self._dirty_ev.wait()
             await trio.sleep(self._flush_interval)
-            await self.flush()
+            try:
+                await self.flush()
+            except Exception:  # keep the cache serving; the next flush retries
+                log.exception("cache index: flush failed")
+                await trio.sleep(5)
 
     async def flush(self) -> None:
         """Write everything changed to the index now (one transaction, in a thread)."""
