@@ -80,6 +80,9 @@ def _mount_config(args: argparse.Namespace) -> Any:
         drain_timeout=args.drain_timeout,
         debug=args.debug,
         no_cache=args.no_cache,
+        write_wait=args.write_wait,
+        emulate_latency=args.emulate_latency,
+        emulate_bandwidth=args.emulate_bandwidth,
     )
 
 
@@ -431,7 +434,28 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long unmount waits for pending commits (default 3600)",
     )
+    m.add_argument(
+        "--write-wait",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="how long a writer waits for staging space before ENOSPC (default 30)",
+    )
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
+    m.add_argument(
+        "--emulate-latency",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="testing/benchmarks: add this latency to every origin request",
+    )
+    m.add_argument(
+        "--emulate-bandwidth",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="testing/benchmarks: cap origin transfer at SIZE bytes/s (e.g. 100M)",
+    )
     m.add_argument(
         "--timeout",
         type=float,

@@ -60,6 +60,10 @@ class MountConfig:
     read_ahead_kb: int = 1024
     debug: bool = False
     no_cache: bool = False
+    write_wait: float = 30.0
+    #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
+    emulate_latency: float = 0.0
+    emulate_bandwidth: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -74,7 +78,17 @@ class MountError(Exception):
 
 
 def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
-    """Build the origin named by the config. Raises :class:`MountError`."""
+    """Build the origin named by the config (wrapped in a latency emulator if asked).
+    Raises :class:`MountError`."""
+    origin = _open_origin(cfg, overlay_fd)
+    if cfg.emulate_latency or cfg.emulate_bandwidth:
+        from airfs.origin.latency import LatencyOrigin
+
+        return LatencyOrigin(origin, cfg.emulate_latency, cfg.emulate_bandwidth)
+    return origin
+
+
+def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
     spec = cfg.origin
     try:
         if spec is None:
@@ -254,6 +268,7 @@ class Daemon:
             root,
             ttl=cfg.ttl,
             owner=Owner(os.getuid(), os.getgid()),
+            write_wait_s=cfg.write_wait,
         )
         self.prefetcher = BackgroundPrefetch(self.origin, self.readpath)
         ops = FuseOps(self.fs, cfg.ttl)

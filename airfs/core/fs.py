@@ -84,6 +84,7 @@ class DirHandle:
     fh: int
     node: Node
     entries: list[tuple[str, Kind, Entry | None, Staged | None]]
+    listed_at: float
 
 
 Emit = Callable[[str, Attr, int], bool]
@@ -167,14 +168,16 @@ class Filesystem:
         if self._fresh(node):
             return node.entry
         path = self._path(node)
+        t0 = time.monotonic()
         entry = await self._stat(path)
         if entry is None:
             return None
         if entry.kind is not node.kind:
             return None  # replaced by another kind of object: the old inode is gone
-        node.entry = entry
-        node.fetched = time.monotonic()
-        return entry
+        if t0 >= node.fetched:  # else a commit updated the node while we asked
+            node.entry = entry
+            node.fetched = t0
+        return node.entry
 
     def _committed(self, path: str, entry: Entry, st: Staged) -> None:
         """Uploader hook: ``st`` is at the origin as ``entry``."""
@@ -205,12 +208,15 @@ class Filesystem:
             return self._staged_attr(node, st)
         node = self.inodes.at(path)
         if node is None or not self._fresh(node):
+            t0 = time.monotonic()
             entry = await self._stat(path)
             if entry is None:
+                if self.area.get(path) is not None:  # created while we asked
+                    return await self.lookup(parent_ino, name)
                 if node is not None and node.opens == 0:
                     self.inodes.detach(node)
                 raise _err(errno.ENOENT, f"{path}: no such file or directory")
-            node = self.inodes.bind(path, entry.kind, entry)
+            node = self.inodes.bind(path, entry.kind, entry, t0)
         node.lookups += 1
         return self._attr(node)
 
@@ -308,16 +314,20 @@ class Filesystem:
         if node.kind is not Kind.DIR:
             raise _err(errno.ENOTDIR, "not a directory")
         path = self._path(node)
+        # Staged files first: one whose commit lands while we list would otherwise be in
+        # neither snapshot.
+        staged = self.area.children(path)
+        t0 = time.monotonic()
         listed = await self.origin.list(path)
         merged: dict[str, tuple[str, Kind, Entry | None, Staged | None]] = {
             e.name: (e.name, e.kind, e, None) for e in listed
         }
-        for st in self.area.children(path):
+        for st in staged:
             assert st.path is not None
             name = st.path.rpartition("/")[2]
             merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
         fh = self._fh()
-        self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]))
+        self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]), t0)
         return fh
 
     @counted
@@ -333,11 +343,15 @@ class Filesystem:
             name, kind, entry, st = dh.entries[i]
             path = join(base, name)
             if st is not None and st.path == path:
-                node = self.inodes.bind(path, Kind.FILE, entry)
+                node = self.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
                 attr = self._staged_attr(node, st)
             elif entry is not None:
-                node = self.inodes.bind(path, kind, entry)
-                attr = attr_of_entry(node.ino, entry, self.owner)
+                node = self.inodes.bind(path, kind, entry, dh.listed_at)
+                attr = (
+                    self._attr(node)
+                    if node.entry is not None
+                    else attr_of_entry(node.ino, entry, self.owner)
+                )
             else:
                 continue  # a staged file deleted since the snapshot
             if not emit(name, attr, i + 1):
@@ -375,8 +389,9 @@ class Filesystem:
     @counted
     async def unlink(self, parent_ino: int, name: str) -> None:
         path = self._child(parent_ino, name)
+        await self._settle(path)
         st = self.area.get(path)
-        at_origin = st is None or st.base_version is not None or st.uploading
+        at_origin = st is None or st.base_version is not None
         if st is not None:
             self.area.discard(st)
         if at_origin:
@@ -409,12 +424,14 @@ class Filesystem:
         new = self._child(new_parent, new_name)
         if old == new:
             return
+        await self._settle(old)
+        await self._settle(new)
         st_src = self.area.get(old)
         st_dst = self.area.get(new)
         dst_entry = None if st_dst is not None else await self._stat(new)
         if noreplace and (st_dst is not None or dst_entry is not None):
             raise _err(errno.EEXIST, f"{new}: exists")
-        local_only = st_src is not None and st_src.base_version is None and not st_src.uploading
+        local_only = st_src is not None and st_src.base_version is None
         if local_only:
             if dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise _err(errno.EISDIR, f"{new}: is a directory")
@@ -453,6 +470,12 @@ class Filesystem:
         return attr_of_entry(node.ino, entry, self.owner)
 
     # -- files -----------------------------------------------------------------------------
+
+    async def _settle(self, path: str) -> None:
+        """Wait for in-flight commits at or under ``path`` to land, so a name operation
+        never races an upload to the old name."""
+        while busy := [st for st in self.area.under(path) if st.uploading]:
+            await self._wait_upload(busy[0])
 
     async def _wait_upload(self, st: Staged) -> None:
         while st.uploading:

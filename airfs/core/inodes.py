@@ -79,22 +79,25 @@ class InodeTable:
         """The node bound to ``path``, if any."""
         return self._by_path.get(path)
 
-    def bind(self, path: str, kind: Kind, entry: Entry | None) -> Node:
-        """The node for ``path``, created if needed, with ``entry`` recorded as fresh.
+    def bind(self, path: str, kind: Kind, entry: Entry | None, at: float | None = None) -> Node:
+        """The node for ``path``, created if needed, recording ``entry`` as the origin's
+        state at monotonic time ``at`` (when the origin call that returned it started;
+        default now). An entry older than what the node already knows is ignored, so a
+        listing that raced a commit never rolls a node back to the previous version.
 
         If the path's node has a different kind (replaced at the origin by another program),
         the old node is detached and a new one made.
         """
-        now = time.monotonic()
+        at = time.monotonic() if at is None else at
         node = self._by_path.get(path)
         if node is not None and node.kind is kind:
-            if entry is not None:
+            if entry is not None and at >= node.fetched:
                 node.entry = entry
-                node.fetched = now
+                node.fetched = at
             return node
         if node is not None:
             self.detach(node)
-        node = Node(next(self._next), path, kind, entry, now)
+        node = Node(next(self._next), path, kind, entry, at)
         self._add(node)
         return node
 
