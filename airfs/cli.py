@@ -289,12 +289,21 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"pid          {st['pid']}   uptime {st['uptime_s']} s   ttl {st['ttl']} s")
     ops = st["fs"]["ops"]
     print("operations   " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())) or "-")
-    if "used_bytes" in cache:
+    if "cache_bytes_used" in cache:
         print(
-            f"cache        {_human(cache.get('used_bytes', 0))} of "
-            f"{_human(cache.get('limit_bytes', 0))}; hits {_human(cache.get('hit_bytes', 0))}, "
-            f"misses {_human(cache.get('miss_bytes', 0))}, origin reads "
-            f"{_human(cache.get('origin_bytes', 0))}, evictions {cache.get('evictions', 0)}"
+            f"cache        {_human(cache['cache_bytes_used'])} of "
+            f"{_human(cache['cache_bytes_limit'])} in {cache['cache_objects']} objects; "
+            f"evictions {cache['evictions']}, corrupt blocks refetched {cache['corrupt_blocks']}"
+        )
+        print(
+            f"reads        hits {_human(cache['hit_bytes'])}, misses {_human(cache['miss_bytes'])}"
+            f", origin {_human(cache['origin_bytes_read'])} in {cache['origin_requests']} "
+            "requests"
+        )
+        print(
+            f"prefetch     window {_human(cache['prefetch_window_current'])} (max "
+            f"{_human(cache['prefetch_window_max'])}), prefetched "
+            f"{_human(cache['prefetch_bytes'])}, in flight {_human(cache['inflight_bytes'])}"
         )
     else:
         print(f"cache        {json.dumps(cache)}")

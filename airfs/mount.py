@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -31,7 +32,7 @@ from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse.ops import FuseOps
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Origin, OriginError
+from airfs.origin.base import Entry, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
 from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.staging import StagingArea
@@ -112,9 +113,22 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
         raise MountError(f"origin {spec or cfg.mountpoint}: {exc.strerror or exc}") from None
 
 
-def make_readpath(cfg: MountConfig, origin: AsyncOrigin) -> ReadPath:
+async def make_readpath(cfg: MountConfig, origin: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
     """The block cache + prefetcher (direct origin reads with ``no_cache``)."""
-    return DirectReadPath(origin)
+    if cfg.no_cache:
+        return DirectReadPath(origin)
+    from airfs.cache import CachedReadPath, CacheInUse
+
+    try:
+        return await CachedReadPath.create(
+            nursery,
+            origin,
+            os.path.join(cfg.cache_dir, "blocks"),
+            cache_size=cfg.cache_size,
+            min_free=cfg.min_free,
+        )
+    except CacheInUse as exc:
+        raise MountError(str(exc)) from None
 
 
 def _allow_other(cfg: MountConfig) -> bool:
@@ -233,6 +247,9 @@ class Daemon:
 
     async def run(self, ready: Callable[[str | None], None]) -> int:
         cfg = self.cfg
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 1 << 20)), hard))
         overlay_fd = None
         if cfg.origin is None:
             overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -254,7 +271,27 @@ class Daemon:
         recovered = self.area.recover()
         if recovered:
             log.info("journal replay: %d closed file(s) to commit", len(recovered))
-        self.readpath = make_readpath(cfg, self.origin)
+        code = 1
+        try:
+            async with trio.open_nursery() as outer:
+                self.readpath = await make_readpath(cfg, self.origin, outer)
+                try:
+                    code = await self._serve(ready, sync_origin, root)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await self.readpath.aclose()
+                    outer.cancel_scope.cancel()
+        finally:
+            self.area.close()
+            sync_origin.close()
+            os.close(lock_fd)
+            log.info("daemon exits with code %d", code)
+        return code
+
+    async def _serve(
+        self, ready: Callable[[str | None], None], sync_origin: Origin, root: Entry
+    ) -> int:
+        cfg = self.cfg
         self.uploader = Uploader(
             self.area,
             self.origin,
@@ -313,11 +350,6 @@ class Daemon:
         finally:
             with contextlib.suppress(Exception):
                 pyfuse3.close(unmount=True)
-            await self.readpath.aclose()
-            self.area.close()
-            sync_origin.close()
-            os.close(lock_fd)
-            log.info("daemon exits with code %d", code)
         return code
 
     async def _fuse_main(self) -> None:

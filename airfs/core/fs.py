@@ -179,20 +179,20 @@ class Filesystem:
             node.fetched = t0
         return node.entry
 
-    def _committed(self, path: str, entry: Entry, st: Staged) -> None:
-        """Uploader hook: ``st`` is at the origin as ``entry``."""
+    async def _committed(self, path: str, entry: Entry, st: Staged) -> None:
+        """Uploader hook: ``st`` is at the origin as ``entry``. Runs while the upload still
+        holds ``st`` (writers wait), so the staged bytes are exactly that version's."""
         node = self.inodes.at(path)
-        if node is None:
-            return
-        node.entry = entry
-        node.fetched = time.monotonic()
-        if node.cached_version == f"staged:{st.id}" and not st.dirty:
-            node.cached_version = entry.version
+        if node is not None:
+            node.entry = entry
+            node.fetched = time.monotonic()
+            if node.cached_version == f"staged:{st.id}" and not st.dirty:
+                node.cached_version = entry.version
         adopt = getattr(self.readpath, "adopt", None)
-        if adopt is not None and not st.dirty:
+        if adopt is not None and not st.dirty and entry.size == st.size:
             try:
-                adopt(ObjectRef(path, entry.version, entry.size), st.file)
-            except OSError as exc:
+                await adopt(ObjectRef(path, entry.version, entry.size), st.file)
+            except (OSError, ValueError) as exc:
                 log.warning("could not keep %s in the cache after commit: %s", path, exc)
 
     # -- lookups and attributes ------------------------------------------------------------

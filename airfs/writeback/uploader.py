@@ -19,7 +19,7 @@ import errno
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -31,7 +31,7 @@ from .staging import Staged, StagingArea
 
 log = logging.getLogger(__name__)
 
-CommittedHook = Callable[[str, Entry, Staged], None]
+CommittedHook = Callable[[str, Entry, Staged], Awaitable[None]]
 
 
 class Uploader:
@@ -130,7 +130,7 @@ class Uploader:
                 if gen == st.gen:
                     st.urgent = False
                 if self.on_committed is not None:
-                    self.on_committed(path, entry, st)
+                    await self.on_committed(path, entry, st)
                 log.debug("committed %s (%d bytes, %.3fs)", path, entry.size, elapsed)
         finally:
             self.active -= 1
