@@ -454,6 +454,8 @@ class Filesystem:
         self.area.move(old, new)
         self.inodes.move(old, new)
         moved = self.area.get(new)
+        if moved is not None and local_only and dst_entry is not None:
+            moved.base_version = dst_entry.version  # it now replaces that object
         if moved is not None and not local_only and moved.base_version is not None:
             entry = await self._stat(new)
             moved.base_version = entry.version if entry is not None else None

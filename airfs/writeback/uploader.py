@@ -102,7 +102,9 @@ class Uploader:
         assert path is not None
         t0 = time.monotonic()
         try:
-            if_match = st.base_version if self.conditional else None
+            # conditional commits: replace only the version this node started from; a new
+            # file only if nobody created one meanwhile ("" = must not exist)
+            if_match = (st.base_version or "") if self.conditional else None
             entry = await self.origin.put(path, st.file, if_match)
             if entry.mode != st.mode & 0o7777 and st.base_version is None:
                 entry = await self.origin.set_attrs(path, mode=st.mode & 0o7777)
