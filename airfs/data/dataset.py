@@ -32,7 +32,10 @@ from .sharding import UNKNOWN, Layout, Segment, Uneven
 log = logging.getLogger("airfs.data")
 
 STATE_VERSION = 1
-_BLOB_CAPACITY = 1 << 16
+# Both shared tensors stay below torch's parallel grain size (32768 elements), so that making
+# and filling them never enters an OpenMP region: GNU OpenMP hangs in a process forked from one
+# that used it, and datasets are often made in forked processes.
+_BLOB_CAPACITY = 1 << 14
 _SLOTS = 257  # stats rows: DataLoader workers 0..255, then the process that made the dataset
 _MAIN_SLOT = _SLOTS - 1
 _FILES, _WAIT_NS, _HITS, _COPIES, _BYTES, _PREFETCH = range(6)

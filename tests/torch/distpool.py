@@ -10,9 +10,12 @@ for tests that break it on purpose (killing a rank).
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import multiprocessing as mp
 import os
+import signal
 import socket
+import time
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -50,8 +53,19 @@ def init_group(rank: int, world_size: int, port: int, timeout_s: float = GROUP_T
     )
 
 
+def _after_fork() -> None:
+    """What torch's DataLoader does in its forked workers: the parent may have used OpenMP,
+    which is not fork-safe, so keep intra-op work on this thread."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
 def _serve(rank: int, world_size: int, port: int, conn: Connection) -> None:
     import torch.distributed as dist
+
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # stacks on demand (hangs)
+    _after_fork()
 
     try:
         init_group(rank, world_size, port)
@@ -84,7 +98,7 @@ class DistPool:
         self._procs: list[mp.process.BaseProcess] = []
         for rank in range(world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(rank, world_size, port, child), daemon=True)
+            proc = ctx.Process(target=_serve, args=(rank, world_size, port, child))
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -108,9 +122,14 @@ class DistPool:
         for rank, (conn, proc) in enumerate(zip(self._conns, self._procs, strict=True)):
             if not conn.poll(timeout):
                 self.broken = True
+                for p in self._procs:  # dump every rank's stacks to stderr
+                    if p.pid is not None and p.is_alive():
+                        os.kill(p.pid, signal.SIGUSR1)
+                time.sleep(1)
                 self.close()
                 raise AssertionError(
-                    f"rank {rank} gave no answer in {timeout} s (alive: {proc.is_alive()})"
+                    f"rank {rank} gave no answer in {timeout} s (alive: {proc.is_alive()}, "
+                    f"exit code: {proc.exitcode})"
                 )
             try:
                 status, value = conn.recv()
@@ -147,6 +166,7 @@ def _one_shot(
     args: tuple[Any, ...],
     conn: Connection,
 ) -> None:
+    _after_fork()
     try:
         init_group(rank, world_size, port, timeout_s=30.0)
         conn.send(("ok", fn(*args)))
