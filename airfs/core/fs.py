@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Conflict, Entry, Kind, NotFound, join
+from airfs.origin.base import Conflict, Entry, Kind, NotFound, OriginError, join
 from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 from airfs.writeback.uploader import Uploader
@@ -169,7 +169,14 @@ class Filesystem:
             return node.entry
         path = self._path(node)
         t0 = time.monotonic()
-        entry = await self._stat(path)
+        try:
+            entry = await self._stat(path)
+        except OriginError as exc:
+            if not exc.transient or node.entry is None:
+                raise
+            # origin unreachable: keep serving what we know (cached data stays readable)
+            log.warning("%s: origin unreachable, using the last known version: %s", path, exc)
+            return node.entry
         if entry is None:
             return None
         if entry.kind is not node.kind:
@@ -209,7 +216,14 @@ class Filesystem:
         node = self.inodes.at(path)
         if node is None or not self._fresh(node):
             t0 = time.monotonic()
-            entry = await self._stat(path)
+            try:
+                entry = await self._stat(path)
+            except OriginError as exc:
+                if not exc.transient or node is None or node.entry is None:
+                    raise
+                log.warning("%s: origin unreachable, using the last known entry: %s", path, exc)
+                node.lookups += 1
+                return self._attr(node)
             if entry is None:
                 if self.area.get(path) is not None:  # created while we asked
                     return await self.lookup(parent_ino, name)

@@ -679,3 +679,25 @@ async def test_local_write_wins_over_origin_until_committed(tmp_path: Path) -> N
         await c.flush()
         await trio.sleep(0.08)
         assert await c.read_all(ino) == b"local!!"
+
+
+async def test_known_entries_served_while_origin_unreachable(tmp_path: Path) -> None:
+    """A transient origin failure on revalidation serves the last known entry (cached data
+    stays readable when the origin is down); unknown names still fail with the error."""
+    from airfs.origin.base import Transient
+    from airfs.testing.memory import FaultyOrigin
+
+    async with running_core(tmp_path, ttl=0.05, wrap=FaultyOrigin) as c:
+        c.mem.put_bytes("k", b"known")
+        ino = await c.ino("k")
+        assert await c.read_all(ino) == b"known"
+        c.origin.fail["stat"] = lambda: Transient("origin down")
+        await trio.sleep(0.08)
+        assert (await c.fs.lookup(ROOT_INO, "k")).size == 5
+        assert (await c.fs.getattr(ino)).size == 5
+        fh, keep = await c.fs.open(ino, R)
+        assert keep
+        await c.fs.release(fh)
+        with pytest.raises(OSError) as info:
+            await c.fs.lookup(ROOT_INO, "unknown")
+        assert info.value.errno == errno.EIO
