@@ -219,9 +219,12 @@ class Filesystem:
             try:
                 entry = await self._stat(path)
             except OriginError as exc:
-                if not exc.transient or node is None or node.entry is None:
+                known = node.entry if node is not None else self.inodes.last_known(path)
+                if not exc.transient or known is None:
                     raise
                 log.warning("%s: origin unreachable, using the last known entry: %s", path, exc)
+                if node is None:
+                    node = self.inodes.bind(path, known.kind, known, at=0.0)  # stale: recheck
                 node.lookups += 1
                 return self._attr(node)
             if entry is None:

@@ -12,6 +12,7 @@ Contract:
 
 from __future__ import annotations
 
+import collections
 import errno
 import itertools
 import time
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .staging import Staged
 
 ROOT_INO = 1
+LAST_KNOWN_MAX = 100_000
 
 
 @dataclass(eq=False)
@@ -57,6 +59,9 @@ class InodeTable:
         self._by_ino: dict[int, Node] = {}
         self._by_path: dict[str, Node] = {}
         self._next = itertools.count(ROOT_INO + 1)
+        # origin entries of nodes the kernel forgot, so that a known name stays usable while
+        # the origin is unreachable (bounded LRU; dropped on rename/removal)
+        self._last: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         root = Node(ROOT_INO, "", Kind.DIR, root_entry, time.monotonic(), lookups=1)
         self._add(root)
 
@@ -103,14 +108,18 @@ class InodeTable:
 
     def detach(self, node: Node) -> None:
         """Unbind ``node`` from its path (removed or replaced); drop it if unreferenced."""
-        if node.path is not None and self._by_path.get(node.path) is node:
-            del self._by_path[node.path]
+        if node.path is not None:
+            self._forget_known(node.path)
+            if self._by_path.get(node.path) is node:
+                del self._by_path[node.path]
         node.path = None
         self.maybe_drop(node)
 
     def move(self, old: str, new: str) -> None:
         """Rebind ``old`` (and every known path under it) to ``new``. Whatever was bound at
         ``new`` (or under it) is detached first."""
+        self._forget_known(old)
+        self._forget_known(new)
         for path in [p for p in self._by_path if p == new or p.startswith(new + "/")]:
             self.detach(self._by_path[path])
         moved = [(p, n) for p, n in self._by_path.items() if p == old or p.startswith(old + "/")]
@@ -134,6 +143,21 @@ class InodeTable:
         self._by_ino.pop(node.ino, None)
         if node.path is not None and self._by_path.get(node.path) is node:
             del self._by_path[node.path]
+            if node.entry is not None:
+                self._last[node.path] = node.entry
+                self._last.move_to_end(node.path)
+                while len(self._last) > LAST_KNOWN_MAX:
+                    self._last.popitem(last=False)
+
+    def last_known(self, path: str) -> Entry | None:
+        """The last origin entry seen for ``path`` by a node since dropped (None if none)."""
+        return self._last.get(path)
+
+    def _forget_known(self, path: str) -> None:
+        self._last.pop(path, None)
+        prefix = path + "/"
+        for p in [p for p in self._last if p.startswith(prefix)]:
+            del self._last[p]
 
     def nodes(self) -> list[Node]:
         return list(self._by_ino.values())

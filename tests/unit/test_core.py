@@ -701,3 +701,22 @@ async def test_known_entries_served_while_origin_unreachable(tmp_path: Path) -> 
         with pytest.raises(OSError) as info:
             await c.fs.lookup(ROOT_INO, "unknown")
         assert info.value.errno == errno.EIO
+
+
+async def test_forgotten_names_stay_usable_while_origin_unreachable(tmp_path: Path) -> None:
+    """After the kernel forgets an inode, its last entry is remembered: a lookup during an
+    outage still resolves the name (and the file stays readable from the cache)."""
+    from airfs.origin.base import Transient
+    from airfs.testing.memory import FaultyOrigin
+
+    async with running_core(tmp_path, ttl=0.05, wrap=FaultyOrigin) as c:
+        c.mem.put_bytes("k", b"known")
+        ino = await c.ino("k")
+        c.fs.forget([(ino, 1)])
+        with pytest.raises(OSError):
+            c.fs.inodes.get(ino)  # dropped
+        c.origin.fail["stat"] = lambda: Transient("origin down")
+        await trio.sleep(0.08)
+        attr = await c.fs.lookup(ROOT_INO, "k")
+        assert attr.size == 5
+        c.fs.forget([(attr.ino, 1)])
