@@ -225,17 +225,22 @@ class VolumeDataset(IterableDataset[str]):
         if info is None:
             self._progress_source = progress.state
         slot = min(worker, _MAIN_SLOT - 1) if info is not None else _MAIN_SLOT
+        counters = _Counters(self._stats, slot)
         mountpoint = client.find_mount(self.root)
         if mountpoint is not None:
-            paths = self._iter_mount(entries, mountpoint, slot)
+            paths = self._iter_mount(entries, mountpoint, counters)
         elif self.local_cache:
-            paths = self._iter_cached(entries, slot)
+            paths = self._iter_cached(entries, counters)
         else:
             paths = (os.path.join(self.root, rel) for rel, _, _ in entries)
-        for path in paths:
-            progress.yielded += 1
-            self._stats[slot, _FILES] += 1
-            yield path
+        try:
+            for path in paths:
+                progress.yielded += 1
+                counters.local[_FILES] += 1
+                counters.tick()
+                yield path
+        finally:
+            counters.flush()
 
     # ------------------------------------------------------------- used by airfs.data.loader
 
@@ -365,7 +370,7 @@ class VolumeDataset(IterableDataset[str]):
         return layout, int(state.get("worker_offset", 0)) % layout.num_workers if same else 0
 
     def _iter_mount(
-        self, entries: list[tuple[str, int, int]], mountpoint: str, slot: int
+        self, entries: list[tuple[str, int, int]], mountpoint: str, counters: _Counters
     ) -> Iterator[str]:
         paths = [os.path.join(self.root, rel) for rel, _, _ in entries]
         window = self.prefetch_files
@@ -387,14 +392,17 @@ class VolumeDataset(IterableDataset[str]):
                     if enabled and requested < len(paths) and requested - i <= max(1, window // 2):
                         end = min(len(paths), i + window)
                         sent.append(pool.submit(client.prefetch, mountpoint, paths[requested:end]))
-                        self._stats[slot, _PREFETCH] += 1
+                        counters.local[_PREFETCH] += 1
+                        counters.flush()
                         requested = end
                     yield path
             finally:
                 for fut in sent:
                     fut.cancel()
 
-    def _iter_cached(self, entries: list[tuple[str, int, int]], slot: int) -> Iterator[str]:
+    def _iter_cached(
+        self, entries: list[tuple[str, int, int]], counters: _Counters
+    ) -> Iterator[str]:
         if self._cache is None:
             self._cache = LocalCache(self.cache_dir, self.cache_max_bytes)
         cache = self._cache
@@ -419,17 +427,41 @@ class VolumeDataset(IterableDataset[str]):
                     size, src, fut = pending.popleft()
                     t0 = time.perf_counter_ns()
                     path, hit = fut.result()
-                    self._stats[slot, _WAIT_NS] += time.perf_counter_ns() - t0
+                    counters.local[_WAIT_NS] += time.perf_counter_ns() - t0
                     if hit:
-                        self._stats[slot, _HITS] += 1
+                        counters.local[_HITS] += 1
                     elif path != src:  # copied now (path == src: too large to cache)
-                        self._stats[slot, _COPIES] += 1
-                        self._stats[slot, _BYTES] += size
+                        counters.local[_COPIES] += 1
+                        counters.local[_BYTES] += size
                     fill()
                     yield path
             finally:
                 for _, _, fut in pending:
                     fut.cancel()
+
+
+class _Counters:
+    """One iterator's counters: summed locally, added to its row of the shared stats tensor
+    every 32 files or 50 ms (a tensor update costs tens of microseconds) and at the end."""
+
+    def __init__(self, shared: torch.Tensor, slot: int) -> None:
+        self._shared = shared
+        self._slot = slot
+        self.local = [0] * _NSTATS
+        self._files = 0
+        self._last = time.monotonic()
+
+    def tick(self) -> None:
+        self._files += 1
+        if self._files >= 32 or time.monotonic() - self._last > 0.05:
+            self.flush()
+
+    def flush(self) -> None:
+        if any(self.local):
+            self._shared[self._slot] += torch.tensor(self.local, dtype=torch.int64)
+            self.local = [0] * _NSTATS
+        self._files = 0
+        self._last = time.monotonic()
 
 
 class _Progress:
