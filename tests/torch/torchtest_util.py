@@ -5,6 +5,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
+from airfs.control.client import find_mount
+
+
+def on_mount(path: str | Path) -> bool:
+    """Whether ``path`` is on an airfs mount (then VolumeDataset keeps no copy of its own)."""
+    return find_mount(str(path)) is not None
+
+
+def plain_only(path: str | Path, why: str) -> None:
+    """Skip the calling test when ``path`` is on an airfs mount."""
+    if on_mount(path):
+        pytest.skip(f"plain directories only: {why}")
+
 
 def make_files(root: Path, count: int, size: int = 64, subdirs: int = 3) -> list[Path]:
     """``count`` files under ``root`` spread over ``subdirs`` directories, each ``size`` bytes
