@@ -204,7 +204,9 @@ class Daemon:
         }
 
     async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]:
-        return await warm(self.origin, self.readpath, paths, jobs, progress)
+        return await warm(
+            self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
+        )
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]:
         self.prefetcher.submit(paths)

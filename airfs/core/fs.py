@@ -28,18 +28,25 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ParamSpec, TypeVar
 
+import trio
+
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Conflict, Entry, Kind, NotFound, OriginError, join
+from airfs.origin.base import Conflict, Entry, Kind, NotADir, NotFound, OriginError, join, split
 from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 from airfs.writeback.uploader import Uploader
 
 from .attrs import Attr, Owner, attr_of, attr_of_entry
 from .inodes import InodeTable, Node
+from .listings import Listing, ListingCache
 
 log = logging.getLogger(__name__)
 
 NAME_MAX = 255
+#: committed files up to this size are copied into the block cache (small files written and
+#: read back, e.g. a dataset being built); larger ones (checkpoints) are not: the extra copy
+#: of a multi-GiB file on the local disk costs more than it is likely to save
+ADOPT_MAX = 128 << 20
 _COPY_CHUNK = 8 << 20
 
 P = ParamSpec("P")
@@ -117,6 +124,8 @@ class Filesystem:
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
         self.ops: collections.Counter[str] = collections.Counter()
+        self.listings = ListingCache(ttl)
+        self._relisting: dict[str, trio.Event] = {}
         self._pin = getattr(origin.sync, "pin", None)
         self._unpin = getattr(origin.sync, "unpin", None)
         uploader.on_committed = self._committed
@@ -163,14 +172,53 @@ class Filesystem:
         except NotFound:
             return None
 
+    async def _origin_entry(self, path: str) -> tuple[Entry | None, float]:
+        """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
+        is valid from: from a fresh listing of its directory when there is one (a large
+        expired listing is fetched again, one request for all its names), else from ``stat``."""
+        if path:
+            parent, name = split(path)
+            listing = self.listings.fresh(parent)
+            if listing is None and self.listings.worth_relisting(parent):
+                listing = await self._relist(parent)
+            if listing is not None:
+                entry = listing.entries.get(name)
+                if entry is None:
+                    self.listings.negative_hits += 1
+                else:
+                    self.listings.hits += 1
+                return entry, listing.at
+        t0 = time.monotonic()
+        return await self._stat(path), t0
+
+    async def _relist(self, dir_path: str) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
+        busy = self._relisting.get(dir_path)
+        if busy is not None:
+            await busy.wait()
+            return self.listings.fresh(dir_path)
+        done = self._relisting[dir_path] = trio.Event()
+        try:
+            t0 = time.monotonic()
+            try:
+                entries = await self.origin.list(dir_path)
+            except (NotFound, NotADir):
+                self.listings.drop(dir_path)
+                return None
+            self.listings.relists += 1
+            listing = self.listings.put(dir_path, entries, t0)
+            return listing if self.listings.fresh(dir_path) is listing else None
+        finally:
+            del self._relisting[dir_path]
+            done.set()
+
     async def _refresh(self, node: Node) -> Entry | None:
         """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
         if self._fresh(node):
             return node.entry
         path = self._path(node)
-        t0 = time.monotonic()
         try:
-            entry = await self._stat(path)
+            entry, t0 = await self._origin_entry(path)
         except OriginError as exc:
             if not exc.transient or node.entry is None:
                 raise
@@ -189,6 +237,7 @@ class Filesystem:
     async def _committed(self, path: str, entry: Entry, st: Staged) -> None:
         """Uploader hook: ``st`` is at the origin as ``entry``. Runs while the upload still
         holds ``st`` (writers wait), so the staged bytes are exactly that version's."""
+        self.listings.record(path, entry)
         node = self.inodes.at(path)
         if node is not None:
             node.entry = entry
@@ -196,7 +245,7 @@ class Filesystem:
             if node.cached_version == f"staged:{st.id}" and not st.dirty:
                 node.cached_version = entry.version
         adopt = getattr(self.readpath, "adopt", None)
-        if adopt is not None and not st.dirty and entry.size == st.size:
+        if adopt is not None and not st.dirty and entry.size == st.size <= ADOPT_MAX:
             try:
                 await adopt(ObjectRef(path, entry.version, entry.size), st.file)
             except (OSError, ValueError) as exc:
@@ -215,9 +264,8 @@ class Filesystem:
             return self._staged_attr(node, st)
         node = self.inodes.at(path)
         if node is None or not self._fresh(node):
-            t0 = time.monotonic()
             try:
-                entry = await self._stat(path)
+                entry, t0 = await self._origin_entry(path)
             except OriginError as exc:
                 known = node.entry if node is not None else self.inodes.last_known(path)
                 if not exc.transient or known is None:
@@ -336,6 +384,7 @@ class Filesystem:
         staged = self.area.children(path)
         t0 = time.monotonic()
         listed = await self.origin.list(path)
+        self.listings.put(path, listed, t0)
         merged: dict[str, tuple[str, Kind, Entry | None, Staged | None]] = {
             e.name: (e.name, e.kind, e, None) for e in listed
         }
@@ -385,6 +434,8 @@ class Filesystem:
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
         entry = await self.origin.mkdir(path, stat.S_IMODE(mode))
+        self.listings.record(path, entry)
+        self.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
         node = self.inodes.bind(path, Kind.DIR, entry)
         node.lookups += 1
         return attr_of_entry(node.ino, entry, self.owner)
@@ -397,6 +448,8 @@ class Filesystem:
         if self.area.under(path):
             raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
         await self.origin.rmdir(path)
+        self.listings.record(path, None)
+        self.listings.drop(path)
         node = self.inodes.at(path)
         if node is not None:
             self.inodes.detach(node)
@@ -417,6 +470,7 @@ class Filesystem:
             except NotFound:
                 if st is None:
                     raise
+            self.listings.record(path, None)
         node = self.inodes.at(path)
         if node is not None:
             self.inodes.detach(node)
@@ -449,6 +503,7 @@ class Filesystem:
         if noreplace and (st_dst is not None or dst_entry is not None):
             raise _err(errno.EEXIST, f"{new}: exists")
         local_only = st_src is not None and st_src.base_version is None
+        src_entry: Entry | None = None
         if local_only:
             if dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise _err(errno.EISDIR, f"{new}: is a directory")
@@ -473,6 +528,14 @@ class Filesystem:
         moved = self.area.get(new)
         if moved is not None and local_only and dst_entry is not None:
             moved.base_version = dst_entry.version  # it now replaces that object
+        self.listings.record(old, None)
+        if not local_only:
+            # the moved object's entry at its new name is not known without asking (an S3
+            # copy has a new ETag): forget the new parent's listing
+            self.listings.discard(split(new)[0])
+            if src_entry is None or src_entry.kind is Kind.DIR:
+                self.listings.drop(old)
+                self.listings.drop(new)
         if moved is not None and not local_only and moved.base_version is not None:
             entry = await self._stat(new)
             moved.base_version = entry.version if entry is not None else None
@@ -484,6 +547,7 @@ class Filesystem:
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
         entry = await self.origin.symlink(path, target)
+        self.listings.record(path, entry)
         node = self.inodes.bind(path, Kind.SYMLINK, entry)
         node.lookups += 1
         return attr_of_entry(node.ino, entry, self.owner)
@@ -695,4 +759,5 @@ class Filesystem:
             "inodes": len(self.inodes),
             "open_files": len(self.handles),
             "ops": dict(self.ops),
+            **self.listings.statistics(),
         }

@@ -11,21 +11,32 @@ from typing import Any
 import trio
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Kind, OriginError, join
+from airfs.origin.base import Entry, Kind, OriginError, join
 from airfs.readpath import ObjectRef, ReadPath
 
 log = logging.getLogger(__name__)
 
+OnListing = Callable[[str, list[Entry], float], Any]
 
-async def collect_files(origin: AsyncOrigin, paths: list[str], jobs: int = 32) -> list[ObjectRef]:
+
+async def collect_files(
+    origin: AsyncOrigin,
+    paths: list[str],
+    jobs: int = 32,
+    on_listing: OnListing | None = None,
+) -> list[ObjectRef]:
     """Every file under ``paths`` (files themselves, directories recursively), listing
-    directories concurrently. Raises the origin's error for a path that does not exist."""
+    directories concurrently. Raises the origin's error for a path that does not exist.
+    ``on_listing(dir, entries, at)`` sees each listing (the core keeps them for lookups)."""
     out: list[ObjectRef] = []
     limit = trio.CapacityLimiter(jobs)
 
     async def visit_dir(path: str, nursery: trio.Nursery) -> None:
         async with limit:
+            t0 = time.monotonic()
             entries = await origin.list(path)
+        if on_listing is not None:
+            on_listing(path, entries, t0)
         for e in entries:
             child = join(path, e.name)
             if e.kind is Kind.FILE:
@@ -50,13 +61,15 @@ async def warm(
     paths: list[str],
     jobs: int,
     on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_listing: OnListing | None = None,
 ) -> dict[str, Any]:
     """Fetch every file under ``paths`` into the cache with ``jobs`` concurrent fetches.
 
     Returns a summary: files, bytes (total size), fetched (bytes read from the origin; files
     already cached cost nothing), seconds, MiB/s, and failures (path and error, at most 20)."""
     t0 = time.monotonic()
-    files = await collect_files(origin, paths)
+    files = await collect_files(origin, paths, on_listing=on_listing)
+    origin_before = readpath.statistics().get("origin_bytes_read")
     total = sum(f.size for f in files)
     done = {"files": 0, "bytes": 0, "fetched": 0}
     failures: list[dict[str, str]] = []
@@ -93,6 +106,10 @@ async def warm(
             nursery.start_soon(one, obj)
     report(final=True)
     seconds = time.monotonic() - t0
+    origin_after = readpath.statistics().get("origin_bytes_read")
+    if origin_before is not None and origin_after is not None:
+        # what the origin really sent meanwhile (readers running at the same time count too)
+        done["fetched"] = origin_after - origin_before
     return {
         "files": len(files),
         "bytes": total,

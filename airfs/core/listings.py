@@ -1,0 +1,93 @@
+"""Directory listings the core has seen, used to answer lookups without asking the origin.
+
+A listing fetched at monotonic time ``at`` answers lookups of names in that directory, both
+positive (the entry) and negative (ENOENT), until ``at + ttl``: the same freshness rule as an
+entry from ``stat``, so the consistency contract is unchanged. One ``list`` request then
+replaces a ``stat`` per file, which is what makes a pass over a large directory of small files
+fast on a remote origin. Changes made through this mount update the cached listings in place
+(:meth:`ListingCache.record`); a listing whose fetch raced such a change is not kept.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass
+
+from airfs.origin.base import Entry, split
+
+
+@dataclass
+class Listing:
+    at: float
+    entries: dict[str, Entry]
+
+
+class ListingCache:
+    """Bounded LRU of directory listings. Trio loop only."""
+
+    def __init__(self, ttl: float, *, max_dirs: int = 4096, relist_min: int = 32) -> None:
+        self.ttl = ttl
+        self.max_dirs = max_dirs
+        #: an expired listing with at least this many entries is fetched again in one request
+        #: rather than answering its names with one ``stat`` each
+        self.relist_min = relist_min
+        self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
+        self._changed: dict[str, float] = {}
+        self.hits = 0
+        self.negative_hits = 0
+        self.relists = 0
+
+    def put(self, dir_path: str, entries: list[Entry], at: float) -> Listing:
+        """Store a listing fetched at ``at`` (kept only if no change through the mount
+        touched the directory since ``at``)."""
+        listing = Listing(at, {e.name: e for e in entries})
+        if self._changed.get(dir_path, -1.0) < at:
+            self._dirs[dir_path] = listing
+            self._dirs.move_to_end(dir_path)
+            while len(self._dirs) > self.max_dirs:
+                old, _ = self._dirs.popitem(last=False)
+                self._changed.pop(old, None)
+        return listing
+
+    def fresh(self, dir_path: str) -> Listing | None:
+        listing = self._dirs.get(dir_path)
+        if listing is None or time.monotonic() - listing.at >= self.ttl:
+            return None
+        return listing
+
+    def worth_relisting(self, dir_path: str) -> bool:
+        listing = self._dirs.get(dir_path)
+        return listing is not None and len(listing.entries) >= self.relist_min
+
+    def record(self, path: str, entry: Entry | None) -> None:
+        """A change made through the mount: ``path`` now has ``entry`` (None: removed)."""
+        parent, name = split(path)
+        self._changed[parent] = time.monotonic()
+        listing = self._dirs.get(parent)
+        if listing is None:
+            return
+        if entry is None:
+            listing.entries.pop(name, None)
+        else:
+            listing.entries[name] = entry
+
+    def drop(self, path: str) -> None:
+        """Forget listings of ``path`` and of every directory under it."""
+        prefix = path + "/" if path else ""
+        for p in [p for p in self._dirs if p == path or p.startswith(prefix)]:
+            del self._dirs[p]
+        self._changed[path] = time.monotonic()
+
+    def discard(self, dir_path: str) -> None:
+        """Forget the listing of ``dir_path`` only."""
+        self._dirs.pop(dir_path, None)
+        self._changed[dir_path] = time.monotonic()
+
+    def statistics(self) -> dict[str, int]:
+        return {
+            "listings": len(self._dirs),
+            "listing_hits": self.hits,
+            "listing_negative_hits": self.negative_hits,
+            "relists": self.relists,
+        }
