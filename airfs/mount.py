@@ -164,7 +164,8 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
     try:
         with open(path, "w", encoding="ascii") as f:
             f.write(str(kb))
-        return True
+        with open(path, encoding="ascii") as f:
+            return int(f.read()) == kb
     except OSError as exc:
         log.info("could not raise %s to %d: %s", path, kb, exc)
         return False
@@ -310,7 +311,8 @@ class Daemon:
             write_wait_s=cfg.write_wait,
         )
         self.prefetcher = BackgroundPrefetch(self.origin, self.readpath)
-        ops = FuseOps(self.fs, cfg.ttl)
+        initialized = trio.Event()
+        ops = FuseOps(self.fs, cfg.ttl, on_init=initialized.set)
         fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")
         options = {"fsname=" + fsname, "subtype=airfs", "default_permissions"}
         if _allow_other(cfg):
@@ -326,8 +328,8 @@ class Daemon:
             raise MountError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
         code = 0
         try:
-            self.read_ahead = raise_read_ahead(cfg.mountpoint, cfg.read_ahead_kb)
             async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._raise_read_ahead, initialized)
                 await nursery.start(self.uploader.run)
                 await nursery.start(control.serve)
                 nursery.start_soon(self._fuse_main)
@@ -353,6 +355,18 @@ class Daemon:
             with contextlib.suppress(Exception):
                 pyfuse3.close(unmount=True)
         return code
+
+    async def _raise_read_ahead(self, initialized: trio.Event) -> None:
+        """The kernel sets the mount's readahead from the INIT reply (128 KiB): raise it
+        once that reply is out, so sequential reads arrive as 1 MiB requests."""
+        await initialized.wait()
+        for _ in range(20):
+            await trio.sleep(0.05)
+            self.read_ahead = await trio.to_thread.run_sync(
+                raise_read_ahead, self.cfg.mountpoint, self.cfg.read_ahead_kb
+            )
+            if self.read_ahead:
+                return
 
     async def _fuse_main(self) -> None:
         try:

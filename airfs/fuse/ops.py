@@ -54,10 +54,19 @@ class FuseOps(pyfuse3.Operations):
     enable_writeback_cache = False
     supports_dot_lookup = False
 
-    def __init__(self, fs: Filesystem, ttl: float) -> None:
+    def __init__(
+        self, fs: Filesystem, ttl: float, on_init: Callable[[], None] | None = None
+    ) -> None:
         super().__init__()
         self.fs = fs
         self.ttl = ttl
+        self.on_init = on_init
+
+    def init(self) -> None:
+        """The kernel's INIT is being answered (tunables it resets, like the readahead, can
+        be set once the reply is out)."""
+        if self.on_init is not None:
+            self.on_init()
 
     def _entry(self, a: Attr) -> pyfuse3.EntryAttributes:
         e = pyfuse3.EntryAttributes()
