@@ -16,7 +16,7 @@ import tempfile
 import time
 import zlib
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -90,11 +90,16 @@ class VolumeDataset(IterableDataset[str]):
     **Local files.** If ``root`` is on an airfs mount, the paths yielded are the mount's own:
     the mount caches them, and the dataset asks its daemon to prefetch the next
     ``prefetch_files`` files as iteration proceeds (from a background thread; if the daemon
-    cannot be asked, a warning is logged once and iteration goes on without). Anywhere else, each
+    cannot be asked, a warning is logged once and iteration goes on without;
+    ``mount_prefetch=False`` never asks). Anywhere else, each
     file is copied by a pool of ``copy_threads`` threads, ``prefetch_files`` ahead of the
-    consumer, into a :class:`~airfs.data.localcache.LocalCache` under ``cache_dir`` bounded by
-    ``cache_max_bytes``, and the copy's path is yielded; later epochs use the copy and do not
+    consumer, into a :class:`~airfs.data.localcache.LocalCache` under ``cache_dir`` (default:
+    ``$AIRFS_DATA_CACHE``, else ``<tmp>/airfs-data-cache-<uid>``; processes may share it)
+    bounded by ``cache_max_bytes``, and the copy's path is yielded (relative paths, and so class
+    directories, are kept); later epochs use the copy and do not
     read the origin. ``local_cache=False`` yields the origin paths instead. Copy errors propagate.
+    The cache must hold what is in flight, or a yielded path may be evicted before it is read:
+    per worker about ``(prefetch_factor + 1) * batch_size + prefetch_files`` files.
 
     Decoding is the job of another dataset that wraps this one (paths in, tensors out).
     """
@@ -116,13 +121,14 @@ class VolumeDataset(IterableDataset[str]):
         cache_max_bytes: int | None = None,
         copy_threads: int = 16,
         prefetch_files: int = 64,
+        mount_prefetch: bool = True,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop', not {uneven!r}")
         if (rank is None) != (world_size is None):
             raise ValueError("give both rank and world_size, or neither")
         if world_size is not None and rank is not None:
-            sharding._check_world(rank, world_size)
+            sharding.check_rank(rank, world_size)
         if copy_threads < 1 or prefetch_files < 1:
             raise ValueError("copy_threads and prefetch_files must be >= 1")
         self.root = os.path.abspath(os.fspath(root))
@@ -140,6 +146,7 @@ class VolumeDataset(IterableDataset[str]):
         self.cache_max_bytes = cache_max_bytes
         self.copy_threads = copy_threads
         self.prefetch_files = prefetch_files
+        self.mount_prefetch = mount_prefetch
         self._rank = rank
         self._world_size = world_size
         self._entries = _list_files(self.root, pattern, filter, include_hidden)
@@ -227,8 +234,11 @@ class VolumeDataset(IterableDataset[str]):
         slot = min(worker, _MAIN_SLOT - 1) if info is not None else _MAIN_SLOT
         counters = _Counters(self._stats, slot)
         mountpoint = client.find_mount(self.root)
-        if mountpoint is not None:
+        paths: Iterator[str]
+        if mountpoint is not None and self.mount_prefetch:
             paths = self._iter_mount(entries, mountpoint, counters)
+        elif mountpoint is not None:
+            paths = (os.path.join(self.root, rel) for rel, _, _ in entries)
         elif self.local_cache:
             paths = self._iter_cached(entries, counters)
         else:
@@ -240,6 +250,8 @@ class VolumeDataset(IterableDataset[str]):
                 counters.tick()
                 yield path
         finally:
+            if isinstance(paths, Generator):
+                paths.close()  # stops copies / prefetch requests now, not at garbage collection
             counters.flush()
 
     # ------------------------------------------------------------- used by airfs.data.loader

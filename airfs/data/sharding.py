@@ -47,7 +47,7 @@ def epoch_order(num_files: int, *, seed: int, epoch: int, shuffle: bool) -> list
 
 def per_rank_count(num_files: int, world_size: int, uneven: Uneven) -> int:
     """How many files every rank reads in one epoch."""
-    _check_world(0, world_size)
+    check_rank(0, world_size)
     if uneven == "pad":
         return -(-num_files // world_size)
     if uneven == "drop":
@@ -59,7 +59,7 @@ def rank_slice(order: Sequence[int], *, rank: int, world_size: int, uneven: Unev
     """Rank ``rank``'s files, in order, out of an epoch order (step 2 of the module doc).
 
     Every rank gets exactly :func:`per_rank_count` files."""
-    _check_world(rank, world_size)
+    check_rank(rank, world_size)
     n = len(order)
     per_rank = per_rank_count(n, world_size, uneven)
     total = per_rank * world_size
@@ -182,7 +182,8 @@ def shard(
     return mine[worker::k]
 
 
-def _check_world(rank: int, world_size: int) -> None:
+def check_rank(rank: int, world_size: int) -> None:
+    """ValueError unless ``0 <= rank < world_size``."""
     if world_size < 1:
         raise ValueError(f"world_size must be >= 1, not {world_size}")
     if not 0 <= rank < world_size:
