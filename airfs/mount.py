@@ -310,7 +310,9 @@ class Daemon:
             owner=Owner(os.getuid(), os.getgid()),
             write_wait_s=cfg.write_wait,
         )
-        self.prefetcher = BackgroundPrefetch(self.origin, self.readpath)
+        self.prefetcher = BackgroundPrefetch(
+            self.origin, self.readpath, resolve=self.fs.origin_entry
+        )
         initialized = trio.Event()
         ops = FuseOps(self.fs, cfg.ttl, on_init=initialized.set)
         fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")

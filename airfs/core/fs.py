@@ -172,7 +172,7 @@ class Filesystem:
         except NotFound:
             return None
 
-    async def _origin_entry(self, path: str) -> tuple[Entry | None, float]:
+    async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
         """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
         is valid from: from a fresh listing of its directory when there is one (a large
         expired listing is fetched again, one request for all its names), else from ``stat``."""
@@ -218,7 +218,7 @@ class Filesystem:
             return node.entry
         path = self._path(node)
         try:
-            entry, t0 = await self._origin_entry(path)
+            entry, t0 = await self.origin_entry(path)
         except OriginError as exc:
             if not exc.transient or node.entry is None:
                 raise
@@ -265,7 +265,7 @@ class Filesystem:
         node = self.inodes.at(path)
         if node is None or not self._fresh(node):
             try:
-                entry, t0 = await self._origin_entry(path)
+                entry, t0 = await self.origin_entry(path)
             except OriginError as exc:
                 known = node.entry if node is not None else self.inodes.last_known(path)
                 if not exc.transient or known is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
@@ -128,9 +128,16 @@ class BackgroundPrefetch:
     hints, not promises). Errors are logged and counted, never raised."""
 
     def __init__(
-        self, origin: AsyncOrigin, readpath: ReadPath, *, jobs: int = 32, depth: int = 4096
+        self,
+        origin: AsyncOrigin,
+        readpath: ReadPath,
+        *,
+        jobs: int = 32,
+        depth: int = 4096,
+        resolve: Callable[[str], Awaitable[tuple[Entry | None, float]]] | None = None,
     ) -> None:
         self.origin = origin
+        self.resolve = resolve
         self.readpath = readpath
         self.jobs = jobs
         self._send, self._recv = trio.open_memory_channel[str](depth)
@@ -155,8 +162,11 @@ class BackgroundPrefetch:
     async def _worker(self) -> None:
         async for path in self._recv:
             try:
-                entry = await self.origin.stat(path)
-                if entry.kind is Kind.FILE:
+                if self.resolve is not None:  # the core's view: fresh listings, no round trip
+                    entry, _at = await self.resolve(path)
+                else:
+                    entry = await self.origin.stat(path)
+                if entry is not None and entry.kind is Kind.FILE:
                     await self.readpath.warm(ObjectRef(path, entry.version, entry.size))
                     self.warmed += 1
             except OriginError as exc:

@@ -21,7 +21,7 @@ T = TypeVar("T")
 class AsyncOrigin:
     """Wraps an :class:`~airfs.origin.base.Origin` for use from trio tasks."""
 
-    def __init__(self, origin: Origin, *, concurrency: int = 64, attempts: int = 5) -> None:
+    def __init__(self, origin: Origin, *, concurrency: int = 128, attempts: int = 5) -> None:
         self.sync = origin
         self.url = origin.url
         self.limiter = trio.CapacityLimiter(concurrency)

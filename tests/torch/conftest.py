@@ -19,12 +19,27 @@ else:
     from distpool import DistPool
 
 
-@pytest.fixture
-def volume_dir(tmp_path: Path) -> Path:
-    """The volume a test reads and writes (plain directory; see module doc)."""
-    d = tmp_path / "volume"
-    d.mkdir()
-    return d
+@pytest.fixture(params=["dir", pytest.param("mount", marks=pytest.mark.mount)])
+def volume_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
+    """The volume a test reads and writes: a plain directory, and the same test body again
+    through a real airfs mount (of a directory origin), torn down after the test."""
+    if request.param == "dir":
+        d = tmp_path / "volume"
+        d.mkdir()
+        yield d
+        return
+    from airfs.testing.mountfix import fuse_available, mount, teardown
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    origin, mnt = tmp_path / "origin", tmp_path / "volume"
+    origin.mkdir()
+    mnt.mkdir()
+    m = mount(str(origin), mnt, tmp_path / "airfs-cache")
+    try:
+        yield mnt
+    finally:
+        teardown(m)
 
 
 @pytest.fixture
