@@ -18,14 +18,13 @@ import argparse
 import errno
 import os
 import signal
-import stat as stat_mod
 import sys
 
 import pyfuse3
 import trio
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from airfs.mount import raise_read_ahead  # noqa: E402
+from airfs.mount import raise_read_ahead
 
 
 class Passthrough(pyfuse3.Operations):

@@ -470,7 +470,7 @@ def sc_small(b: Bench) -> None:
         dst = fresh_dir(b.work / "copy-small")
         drop_caches()
 
-        def copy(name: str) -> None:
+        def copy(name: str, dst: Path = dst) -> None:
             data = lo.read_range("small/" + name, 0, SMALL)
             p = dst / name
             p.parent.mkdir(exist_ok=True)
