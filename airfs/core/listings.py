@@ -5,7 +5,9 @@ positive (the entry) and negative (ENOENT), until ``at + ttl``: the same freshne
 entry from ``stat``, so the consistency contract is unchanged. One ``list`` request then
 replaces a ``stat`` per file, which is what makes a pass over a large directory of small files
 fast on a remote origin. Changes made through this mount update the cached listings in place
-(:meth:`ListingCache.record`); a listing whose fetch raced such a change is not kept.
+(:meth:`ListingCache.record`) and are replayed onto a listing whose fetch raced them; a
+listing whose fetch raced a change of unknown outcome (:meth:`ListingCache.discard`) is not
+kept.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ class Listing:
 class ListingCache:
     """Bounded LRU of directory listings. Trio loop only."""
 
-    def __init__(self, ttl: float, *, max_dirs: int = 4096, relist_min: int = 32) -> None:
+    def __init__(self, ttl: float, *, max_dirs: int = 4096, relist_min: int = 0) -> None:
         self.ttl = ttl
         self.max_dirs = max_dirs
         #: an expired listing with at least this many entries is fetched again in one request
-        #: rather than answering its names with one ``stat`` each
+        #: rather than answering its names with one ``stat`` each (a directory that was listed
+        #: or created through the mount is likely to see more lookups)
         self.relist_min = relist_min
         self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
+        #: when a directory last changed in a way a listing cannot be patched for
         self._changed: dict[str, float] = {}
+        #: recent changes made through the mount, per directory: name -> (when, entry)
+        self._changes: dict[str, dict[str, tuple[float, Entry | None]]] = {}
         self.hits = 0
         self.negative_hits = 0
         self.relists = 0
@@ -42,12 +48,24 @@ class ListingCache:
         """Store a listing fetched at ``at`` (kept only if no change through the mount
         touched the directory since ``at``)."""
         listing = Listing(at, {e.name: e for e in entries})
+        recent = self._changes.get(dir_path)
+        if recent:
+            horizon = time.monotonic() - max(60.0, 10 * self.ttl)
+            for name, (when, entry) in list(recent.items()):
+                if when < horizon:
+                    del recent[name]
+                elif when >= at:  # made through the mount while the listing was fetched
+                    if entry is None:
+                        listing.entries.pop(name, None)
+                    else:
+                        listing.entries[name] = entry
         if self._changed.get(dir_path, -1.0) < at:
             self._dirs[dir_path] = listing
             self._dirs.move_to_end(dir_path)
             while len(self._dirs) > self.max_dirs:
                 old, _ = self._dirs.popitem(last=False)
                 self._changed.pop(old, None)
+                self._changes.pop(old, None)
         return listing
 
     def fresh(self, dir_path: str) -> Listing | None:
@@ -63,7 +81,13 @@ class ListingCache:
     def record(self, path: str, entry: Entry | None) -> None:
         """A change made through the mount: ``path`` now has ``entry`` (None: removed)."""
         parent, name = split(path)
-        self._changed[parent] = time.monotonic()
+        now = time.monotonic()
+        recent = self._changes.setdefault(parent, {})
+        recent[name] = (now, entry)
+        if len(recent) > 10_000:  # only changes newer than any fetch in flight matter
+            horizon = now - max(60.0, 10 * self.ttl)
+            for n in [n for n, (when, _e) in recent.items() if when < horizon]:
+                del recent[n]
         listing = self._dirs.get(parent)
         if listing is None:
             return
@@ -77,6 +101,7 @@ class ListingCache:
         prefix = path + "/" if path else ""
         for p in [p for p in self._dirs if p == path or p.startswith(prefix)]:
             del self._dirs[p]
+            self._changes.pop(p, None)
         self._changed[path] = time.monotonic()
 
     def discard(self, dir_path: str) -> None:
