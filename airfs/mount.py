@@ -295,20 +295,20 @@ class Daemon:
         self, ready: Callable[[str | None], None], sync_origin: Origin, root: Entry
     ) -> int:
         cfg = self.cfg
-        self.uploader = Uploader(
-            self.area,
-            self.origin,
-            conditional=bool(getattr(sync_origin, "conditional_writes", False)),
-        )
         self.fs = Filesystem(
             self.origin,
             self.readpath,
             self.area,
-            self.uploader,
             root,
             ttl=cfg.ttl,
             owner=Owner(os.getuid(), os.getgid()),
             write_wait_s=cfg.write_wait,
+        )
+        self.uploader = Uploader(
+            self.area,
+            self.origin,
+            conditional=bool(getattr(sync_origin, "conditional_writes", False)),
+            on_committed=self.fs.committed,
         )
         self.prefetcher = BackgroundPrefetch(
             self.origin, self.readpath, resolve=self.fs.origin_entry

@@ -34,7 +34,6 @@ from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Entry, Kind, NotADir, NotFound, OriginError, join, split
 from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
-from airfs.writeback.uploader import Uploader
 
 from .attrs import Attr, Owner, attr_of, attr_of_entry
 from .inodes import InodeTable, Node
@@ -105,7 +104,6 @@ class Filesystem:
         origin: AsyncOrigin,
         readpath: ReadPath,
         area: StagingArea,
-        uploader: Uploader,
         root_entry: Entry,
         *,
         ttl: float = 1.0,
@@ -115,7 +113,6 @@ class Filesystem:
         self.origin = origin
         self.readpath = readpath
         self.area = area
-        self.uploader = uploader
         self.ttl = ttl
         self.owner = owner or Owner(os.getuid(), os.getgid())
         self.write_wait_s = write_wait_s
@@ -128,7 +125,6 @@ class Filesystem:
         self._relisting: dict[str, trio.Event] = {}
         self._pin = getattr(origin.sync, "pin", None)
         self._unpin = getattr(origin.sync, "unpin", None)
-        uploader.on_committed = self._committed
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -234,9 +230,11 @@ class Filesystem:
             node.fetched = t0
         return node.entry
 
-    async def _committed(self, path: str, entry: Entry, st: Staged) -> None:
-        """Uploader hook: ``st`` is at the origin as ``entry``. Runs while the upload still
-        holds ``st`` (writers wait), so the staged bytes are exactly that version's."""
+    async def committed(self, path: str, entry: Entry, st: Staged) -> None:
+        """The uploader's ``on_committed`` hook: ``st`` is at the origin as ``entry``.
+
+        Runs while the upload still holds ``st`` (writers wait), so the staged bytes are
+        exactly that version's."""
         self.listings.record(path, entry)
         node = self.inodes.at(path)
         if node is not None:

@@ -103,9 +103,9 @@ async def running_core(
     sync = wrap(mem) if wrap is not None else mem
     aorigin = AsyncOrigin(sync, attempts=1)
     area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    uploader = Uploader(area, aorigin)
     root = await aorigin.stat("")
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, uploader, root, ttl=ttl)
+    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, root, ttl=ttl)
+    uploader = Uploader(area, aorigin, on_committed=fs.committed)
     try:
         async with trio.open_nursery() as nursery:
             await nursery.start(uploader.run)

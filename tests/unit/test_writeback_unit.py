@@ -43,9 +43,9 @@ async def running_core(
     area = StagingArea(str(cache), limit=1 << 30, min_free=0)
     if recover:
         area.recover()
-    uploader = Uploader(area, aorigin)
     root = await aorigin.stat("")
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, uploader, root, ttl=0.05)
+    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, root, ttl=0.05)
+    uploader = Uploader(area, aorigin, on_committed=fs.committed)
     try:
         async with trio.open_nursery() as nursery:
             if start_uploader:
