@@ -260,6 +260,30 @@ def retry(
     raise AssertionError("unreachable")
 
 
+def check_rename_target(
+    src_is_dir: bool,
+    dst_kind: Kind | None,
+    *,
+    replace: bool,
+    dst_is_empty: Callable[[], bool],
+    where: str,
+) -> None:
+    """The rename rules every origin shares, given what is at the destination
+    (``dst_kind`` None: nothing): ``replace=False`` refuses any existing target (EEXIST); a
+    directory replaces only an empty directory (ENOTDIR, ENOTEMPTY); a file never replaces a
+    directory (EISDIR). ``dst_is_empty`` is called only when a directory would be replaced."""
+    if dst_kind is None:
+        return
+    if not replace:
+        raise Exists(f"{where}: exists")
+    if src_is_dir and dst_kind is not Kind.DIR:
+        raise NotADir(f"{where}: not a directory")
+    if not src_is_dir and dst_kind is Kind.DIR:
+        raise IsADir(f"{where}: is a directory")
+    if dst_kind is Kind.DIR and not dst_is_empty():
+        raise NotEmpty(f"{where}: directory not empty")
+
+
 def join(parent: str, name: str) -> str:
     """Join a relative directory path and a name (``join("", "a") == "a"``)."""
     return f"{parent}/{name}" if parent else name

@@ -26,9 +26,9 @@ from .base import (
     FsStats,
     IsADir,
     Kind,
-    NotADir,
     NotFound,
     OriginError,
+    check_rename_target,
     from_oserror,
     split,
 )
@@ -314,14 +314,17 @@ class PosixOrigin:
                     raise Exists(f"{dst}: exists")
             s = os.stat(src, dir_fd=self._fd, follow_symlinks=False)
             try:
-                d = os.stat(dst, dir_fd=self._fd, follow_symlinks=False)
-            except FileNotFoundError:
+                d = self.stat(dst)
+            except NotFound:
                 d = None
-            if d is not None:
-                if stat.S_ISDIR(s.st_mode) and not stat.S_ISDIR(d.st_mode):
-                    raise NotADir(f"{dst}: not a directory")
-                if not stat.S_ISDIR(s.st_mode) and stat.S_ISDIR(d.st_mode):
-                    raise IsADir(f"{dst}: is a directory")
+            # a non-empty target directory is refused by rename(2) itself (mapped below)
+            check_rename_target(
+                stat.S_ISDIR(s.st_mode),
+                d.kind if d is not None else None,
+                replace=True,
+                dst_is_empty=lambda: True,
+                where=dst,
+            )
             os.rename(src, dst, src_dir_fd=self._fd, dst_dir_fd=self._fd)
         except OriginError:
             raise

@@ -78,6 +78,7 @@ from .base import (
     OriginError,
     PermissionDenied,
     Transient,
+    check_rename_target,
     from_oserror,
     split,
 )
@@ -934,15 +935,13 @@ class S3Origin:
             d: Entry | None = self.stat(dst)
         except NotFound:
             d = None
-        if d is not None:
-            if not replace:
-                raise Exists(f"{self._where(dst)}: exists")
-            if s.kind is Kind.DIR and d.kind is not Kind.DIR:
-                raise NotADir(f"{self._where(dst)}: not a directory")
-            if s.kind is not Kind.DIR and d.kind is Kind.DIR:
-                raise IsADir(f"{self._where(dst)}: is a directory")
-            if d.kind is Kind.DIR and self._probe(dst)[1]:
-                raise NotEmpty(f"{self._where(dst)}: directory not empty")
+        check_rename_target(
+            s.kind is Kind.DIR,
+            d.kind if d is not None else None,
+            replace=replace,
+            dst_is_empty=lambda: not self._probe(dst)[1],
+            where=self._where(dst),
+        )
         if s.kind is Kind.DIR:
             self._rename_dir(src, dst)
         else:

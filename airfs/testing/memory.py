@@ -26,6 +26,7 @@ from airfs.origin.base import (
     NotFound,
     Origin,
     OriginError,
+    check_rename_target,
     split,
 )
 
@@ -158,15 +159,13 @@ class MemoryOrigin:
             s = self._get(src)
             self._parent_dir(dst)
             d = self._objs.get(dst)
-            if d is not None:
-                if not replace:
-                    raise Exists(f"{dst}: exists")
-                if s.kind is Kind.DIR and d.kind is not Kind.DIR:
-                    raise NotADir(f"{dst}: not a directory")
-                if s.kind is not Kind.DIR and d.kind is Kind.DIR:
-                    raise IsADir(f"{dst}: is a directory")
-                if d.kind is Kind.DIR and self._children(dst):
-                    raise NotEmpty(f"{dst}: not empty")
+            check_rename_target(
+                s.kind is Kind.DIR,
+                d.kind if d is not None else None,
+                replace=replace,
+                dst_is_empty=lambda: not self._children(dst),
+                where=dst,
+            )
             if s.kind is Kind.DIR and (dst + "/").startswith(src + "/"):
                 raise OriginError(f"{dst}: inside {src}", 22)
             moved = {src: s} | {p: self._objs[p] for p in self._children(src)}

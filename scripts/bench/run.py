@@ -41,6 +41,9 @@ from airfs.origin.latency import LatencyOrigin  # noqa: E402
 from airfs.origin.posix import PosixOrigin  # noqa: E402
 from airfs.testing import mountfix  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from readpath_micro import make_file  # noqa: E402
+
 MiB = 1 << 20
 GiB = 1 << 30
 SMALL = 150 << 10
@@ -269,15 +272,7 @@ def ensure_tools(b: Bench) -> None:
 
 
 def write_big(path: Path, size: int) -> None:
-    if path.exists() and path.stat().st_size == size:
-        return
-    chunk = os.urandom(64 * MiB)
-    with open(path, "wb") as f:
-        left = size
-        while left:
-            n = min(left, len(chunk))
-            f.write(chunk[:n])
-            left -= n
+    make_file(str(path), size)
 
 
 def small_names(n: int) -> list[str]:
