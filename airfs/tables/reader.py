@@ -1,0 +1,238 @@
+"""Reading a worker's pieces: row groups read ahead on threads, an optional bounded shuffle,
+batches cut to size, and prefetch requests to the airfs daemon for the files coming next.
+
+Everything here is a plain iterator over Arrow data; :mod:`airfs.tables.dataset` turns the
+batches into NumPy arrays or tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ..control import client
+from .assign import Piece
+from .plan import Unit, as_expression, check_columns, plan_units, read_unit
+from .source import TableSource, resolve
+
+log = logging.getLogger("airfs.tables")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered_map(
+    fn: Callable[[T], R], items: Iterable[T], *, ahead: int, threads: int
+) -> Iterator[R]:
+    """``fn(item)`` for each item, in order, with up to ``ahead`` calls running on ``threads``
+    threads ahead of the consumer. Closing the iterator cancels what has not started."""
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="airfs-tables-read") as pool:
+        pending: deque[Future[R]] = deque()
+        todo = iter(items)
+
+        def fill() -> None:
+            while len(pending) < max(1, ahead):
+                item = next(todo, _END)
+                if item is _END:
+                    return
+                pending.append(pool.submit(fn, item))  # type: ignore[arg-type]
+
+        try:
+            fill()
+            while pending:
+                result = pending.popleft().result()
+                fill()
+                yield result
+        finally:
+            for fut in pending:
+                fut.cancel()
+
+
+_END = object()
+
+
+def read_pieces(
+    source: TableSource,
+    units: Sequence[Unit],
+    pieces: Sequence[Piece],
+    *,
+    columns: list[str] | None,
+    filter: pc.Expression | None,
+    read_ahead: int,
+    threads: int,
+) -> Iterator[pa.Table]:
+    """The rows of ``pieces`` in order, one table per piece. Up to ``read_ahead`` row groups
+    are being read (on ``threads`` threads) while the consumer works on the current one; a
+    row group cut into consecutive pieces is read once."""
+    groups = _group(pieces)
+
+    def read(group: list[Piece]) -> pa.Table:
+        return read_unit(source, units[group[0].unit], columns, filter)
+
+    tables = ordered_map(read, groups, ahead=read_ahead, threads=threads)
+    try:
+        for group, table in zip(groups, tables, strict=True):
+            unit = units[group[0].unit]
+            if table.num_rows != unit.rows:
+                raise RuntimeError(
+                    f"{source.files[unit.file].path} row group {unit.row_group} has "
+                    f"{table.num_rows} rows, the plan counted {unit.rows}: the file changed "
+                    "under the dataset"
+                )
+            for p in group:
+                yield table.slice(p.start, p.rows)
+    finally:
+        tables.close()
+
+
+def read_table(
+    source: Any,
+    columns: Sequence[str] | None = None,
+    filter: Any = None,
+    *,
+    version: int | None = None,
+    threads: int = 8,
+) -> pa.Table:
+    """The whole table (a source as :func:`airfs.tables.source.resolve` takes, or a pyarrow
+    dataset) as one ``pyarrow.Table``, deletion vectors and ``filter`` applied, projected to
+    ``columns``; then ``.to_pandas()`` or ``.column(c).to_numpy()``. For tables that fit in
+    memory; use :class:`airfs.tables.TableDataset` for the others."""
+    import pyarrow.dataset as ds
+
+    expr = as_expression(filter)
+    if isinstance(source, ds.Dataset):
+        return source.to_table(columns=None if columns is None else list(columns), filter=expr)
+    src = resolve(source, version=version)
+    cols = check_columns(src, columns)
+    units = plan_units(src)
+    parts = list(
+        ordered_map(
+            lambda u: read_unit(src, u, cols, expr), units, ahead=2 * threads, threads=threads
+        )
+    )
+    if not parts:
+        schema = src.schema if cols is None else pa.schema([src.schema.field(c) for c in cols])
+        return schema.empty_table()
+    return pa.concat_tables(parts)
+
+
+def _group(pieces: Sequence[Piece]) -> list[list[Piece]]:
+    """Consecutive pieces of the same unit together (they share one read)."""
+    out: list[list[Piece]] = []
+    for p in pieces:
+        if out and out[-1][-1].unit == p.unit:
+            out[-1].append(p)
+        else:
+            out.append([p])
+    return out
+
+
+def shuffled(tables: Iterator[pa.Table], *, buffer_rows: int, key: str) -> Iterator[pa.Table]:
+    """Tables in the same overall rows, shuffled within *windows*: consecutive input tables are
+    gathered until they hold at least ``buffer_rows`` rows, and the window's rows are permuted
+    by a generator seeded from ``key`` and the window's index. The windows depend only on the
+    input's piece sizes, so the output is a pure function of the input and ``key``."""
+    import numpy as np
+
+    window: list[pa.Table] = []
+    rows = 0
+    index = 0
+    for t in tables:
+        window.append(t)
+        rows += t.num_rows
+        if rows >= buffer_rows:
+            yield _permute(window, f"{key}:{index}", np)
+            window, rows, index = [], 0, index + 1
+    if window:
+        yield _permute(window, f"{key}:{index}", np)
+
+
+def _permute(window: list[pa.Table], key: str, np: object) -> pa.Table:
+    table = pa.concat_tables(window) if len(window) > 1 else window[0]
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
+    perm = np.random.default_rng(seed).permutation(table.num_rows)  # type: ignore[attr-defined]
+    return table.take(pa.array(perm))
+
+
+def skip_rows(tables: Iterator[pa.Table], n: int) -> Iterator[pa.Table]:
+    """``tables`` less their first ``n`` rows."""
+    for t in tables:
+        if n >= t.num_rows:
+            n -= t.num_rows
+            continue
+        yield t.slice(n) if n else t
+        n = 0
+
+
+def batches(tables: Iterator[pa.Table], batch_rows: int) -> Iterator[pa.Table]:
+    """The rows of ``tables`` regrouped into tables of ``batch_rows`` rows (the last one may be
+    shorter)."""
+    held: list[pa.Table] = []
+    have = 0
+    for t in tables:
+        while t.num_rows:
+            take = min(batch_rows - have, t.num_rows)
+            held.append(t.slice(0, take))
+            have += take
+            t = t.slice(take)
+            if have == batch_rows:
+                yield _combine(held)
+                held, have = [], 0
+    if have:
+        yield _combine(held)
+
+
+def _combine(parts: list[pa.Table]) -> pa.Table:
+    return parts[0] if len(parts) == 1 else pa.concat_tables(parts).combine_chunks()
+
+
+class MountPrefetch:
+    """Asks an airfs daemon to fetch the files of the coming pieces, ``ahead`` files ahead of
+    the reader, from a background thread. A failed request logs one warning and turns
+    prefetching off; it never stops the reading."""
+
+    def __init__(self, mountpoint: str, paths: Sequence[str], ahead: int) -> None:
+        seen: set[str] = set()
+        self._paths = [p for p in paths if not (p in seen or seen.add(p))]
+        self._mountpoint = mountpoint
+        self._ahead = max(1, ahead)
+        self._requested = 0
+        self._enabled = True
+        self._sent: deque[Future[None]] = deque()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="airfs-tables-prefetch")
+        self.requests = 0
+
+    def at(self, path: str) -> None:
+        """The reader has reached ``path``: keep ``ahead`` files requested past it."""
+        while self._sent and self._sent[0].done():
+            exc = self._sent.popleft().exception()
+            if exc is not None and self._enabled:
+                self._enabled = False
+                log.warning(
+                    "airfs: cannot ask the daemon of %s to prefetch (%s); reading without prefetch",
+                    self._mountpoint,
+                    exc,
+                )
+        if not self._enabled:
+            return
+        try:
+            i = self._paths.index(path, max(0, self._requested - self._ahead))
+        except ValueError:
+            return
+        if self._requested - i <= self._ahead // 2 and self._requested < len(self._paths):
+            end = min(len(self._paths), i + self._ahead)
+            batch = self._paths[self._requested : end]
+            self._sent.append(self._pool.submit(client.prefetch, self._mountpoint, batch))
+            self.requests += 1
+            self._requested = end
+
+    def close(self) -> None:
+        for fut in self._sent:
+            fut.cancel()
+        self._pool.shutdown(wait=False, cancel_futures=True)
