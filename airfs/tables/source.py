@@ -143,7 +143,9 @@ def resolve(source: Any, *, version: int | None = None) -> TableSource:
         if not found:
             raise TableError(f"{text}: no file matches")
         _no_version(version, "a glob")
-        return _resolve_files(os.path.dirname(path.split("*")[0].split("?")[0]), found)
+        for d in sorted({os.path.dirname(p) for p in found}):
+            _refuse_in_progress(d)
+        return _resolve_files(os.path.commonpath([os.path.dirname(p) for p in found]), found)
     if not os.path.exists(path):
         raise TableError(f"{text}: no such file or directory")
     if os.path.isdir(os.path.join(path, "_delta_log")):
@@ -171,16 +173,10 @@ def _is_delta_table_object(obj: Any) -> bool:
 
 def _parquet_dir_files(root: str) -> list[str]:
     """The data files of a Parquet directory (manifest, in-progress and hidden rules)."""
-    success = os.path.join(root, SUCCESS)
-    if os.path.isfile(success):
-        listed = read_manifest(root)
-        if listed is not None:
-            return listed
-    elif os.path.isdir(os.path.join(root, TEMPORARY)):
-        raise TableError(
-            f"{root}: has {TEMPORARY}/ and no {SUCCESS}: a write in progress, or one that died "
-            "midway; it is not read (finish or redo the export)"
-        )
+    _refuse_in_progress(root)
+    listed = read_manifest(root)
+    if listed is not None:
+        return listed
     out = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(("_", ".")))
@@ -191,6 +187,17 @@ def _parquet_dir_files(root: str) -> list[str]:
     if not out:
         raise TableError(f"{root}: no Parquet files (*.parquet) in this directory")
     return out
+
+
+def _refuse_in_progress(root: str) -> None:
+    """TableError if ``root`` holds a write in progress (``_temporary/``, no ``_SUCCESS``)."""
+    if os.path.isdir(os.path.join(root, TEMPORARY)) and not os.path.isfile(
+        os.path.join(root, SUCCESS)
+    ):
+        raise TableError(
+            f"{root}: has {TEMPORARY}/ and no {SUCCESS}: a write in progress, or one that died "
+            "midway; it is not read (finish or redo the export)"
+        )
 
 
 def read_manifest(root: str) -> list[str] | None:
