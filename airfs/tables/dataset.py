@@ -16,7 +16,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from . import assign
 from .assign import UNKNOWN, Layout, Segment
 from .plan import Unit, as_expression, check_columns, plan_units
-from .reader import MountPrefetch, batches, read_pieces, shuffled, skip_rows
+from .reader import MountPrefetch, batches, read_pieces, read_shuffled, window_plan
 from .source import TableSource, resolve
 
 STATE_VERSION = 1
@@ -183,10 +183,14 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         )
         progress = _Progress(state, layout, rank, world, worker, own_only=info is not None)
         self._progress = progress
-        pieces = assign.to_pieces(span, layout.parts[worker])
-        skip = layout.skip[worker]
-        if skip == UNKNOWN:
+        if layout.skip[worker] == UNKNOWN:
             raise RuntimeError(f"the resume state does not hold worker {worker}'s position")
+        intervals = layout.worker_intervals(worker)  # positions in the (shuffled) stream
+        if self.shuffle:
+            plan = window_plan(span, intervals, self.shuffle_rows)
+            pieces = [p for _, ps, _ in plan for p in ps]
+        else:
+            pieces = assign.to_pieces(span, intervals)
         mountpoint = self.source.mountpoint if self.mount_prefetch else None
         prefetch = None
         if mountpoint is not None:
@@ -207,9 +211,8 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         if prefetch is not None:
             tables = _announce(tables, pieces, self, prefetch)
         if self.shuffle:
-            key = f"{state['seed']}:{state['epoch']}:{rank}:{len(layout.history)}:{worker}"
-            tables = shuffled(tables, buffer_rows=self.shuffle_rows, key=key)
-        tables = skip_rows(tables, skip)
+            key = f"{state['seed']}:{state['epoch']}:{rank}"
+            tables = read_shuffled(tables, plan, key=key)
         try:
             if self.batch_rows is not None:
                 for batch in batches(tables, self.batch_rows):

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..control import client
-from .assign import Piece
+from .assign import Interval, Piece, to_pieces
 from .plan import Unit, as_expression, check_columns, plan_units, read_unit
 from .source import TableSource, resolve
 
@@ -133,41 +133,55 @@ def _group(pieces: Sequence[Piece]) -> list[list[Piece]]:
     return out
 
 
-def shuffled(tables: Iterator[pa.Table], *, buffer_rows: int, key: str) -> Iterator[pa.Table]:
-    """Tables in the same overall rows, shuffled within *windows*: consecutive input tables are
-    gathered until they hold at least ``buffer_rows`` rows, and the window's rows are permuted
-    by a generator seeded from ``key`` and the window's index. The windows depend only on the
-    input's piece sizes, so the output is a pure function of the input and ``key``."""
+def window_plan(
+    span: Sequence[Piece], intervals: Sequence[Interval], window_rows: int
+) -> list[tuple[int, list[Piece], list[Interval]]]:
+    """How to read the positions ``intervals`` of a rank's *shuffled* stream.
+
+    The rank's span of ``P`` rows is cut into windows of ``window_rows`` rows (window ``j``:
+    span offsets ``[j B, (j + 1) B)``), and the shuffled stream is each window's rows permuted,
+    window after window, so every stream position falls in one window. Returns, per window
+    needed (in order): its index, the pieces that hold its rows (in span order), and the ranges
+    of positions within the window to yield from it, in order."""
+    total = sum(p.rows for p in span)
+    out: list[tuple[int, list[Piece], list[Interval]]] = []
+    for a, b in intervals:
+        while a < b:
+            j = a // window_rows
+            lo, hi = j * window_rows, min((j + 1) * window_rows, total)
+            stop = min(b, hi)
+            if not out or out[-1][0] != j:
+                out.append((j, to_pieces(span, [(lo, hi)]), []))
+            out[-1][2].append((a - lo, stop - lo))
+            a = stop
+    return out
+
+
+def read_shuffled(
+    tables: Iterator[pa.Table],
+    plan: Sequence[tuple[int, list[Piece], list[Interval]]],
+    *,
+    key: str,
+) -> Iterator[pa.Table]:
+    """The shuffled stream's rows that ``plan`` (:func:`window_plan`) asks for, given in
+    ``tables`` the reads of every window's pieces, in plan order. Window ``j`` is permuted by a
+    generator seeded from ``key`` and ``j``: the same rows in the same order in every process
+    (of one NumPy version). Memory: one window."""
     import numpy as np
 
-    window: list[pa.Table] = []
-    rows = 0
-    index = 0
-    for t in tables:
-        window.append(t)
-        rows += t.num_rows
-        if rows >= buffer_rows:
-            yield _permute(window, f"{key}:{index}", np)
-            window, rows, index = [], 0, index + 1
-    if window:
-        yield _permute(window, f"{key}:{index}", np)
-
-
-def _permute(window: list[pa.Table], key: str, np: object) -> pa.Table:
-    table = pa.concat_tables(window) if len(window) > 1 else window[0]
-    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")
-    perm = np.random.default_rng(seed).permutation(table.num_rows)  # type: ignore[attr-defined]
-    return table.take(pa.array(perm))
-
-
-def skip_rows(tables: Iterator[pa.Table], n: int) -> Iterator[pa.Table]:
-    """``tables`` less their first ``n`` rows."""
-    for t in tables:
-        if n >= t.num_rows:
-            n -= t.num_rows
-            continue
-        yield t.slice(n) if n else t
-        n = 0
+    for j, pieces, ranges in plan:
+        want = sum(p.rows for p in pieces)
+        parts: list[pa.Table] = []
+        have = 0
+        while have < want:
+            t = next(tables)
+            parts.append(t)
+            have += t.num_rows
+        window = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        seed = int.from_bytes(hashlib.sha256(f"{key}:{j}".encode()).digest()[:8], "little")
+        perm = np.random.default_rng(seed).permutation(window.num_rows)
+        for lo, hi in ranges:
+            yield window.take(pa.array(perm[lo:hi]))
 
 
 def batches(tables: Iterator[pa.Table], batch_rows: int) -> Iterator[pa.Table]:
