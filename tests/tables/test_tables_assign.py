@@ -32,7 +32,7 @@ def worker_rows(unit_rows, rank, world, workers, **kw) -> list[list[tuple[int, i
     return [rows_of(assign.to_pieces(span, layout.worker_intervals(w))) for w in range(workers)]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(
     unit_rows=units_st,
     world=st.integers(1, 4),
@@ -64,7 +64,7 @@ def test_every_row_once_and_equal_counts(unit_rows, world, workers, epoch, seed,
         assert sum(seen.values()) - total == (-total) % world  # the padding, no more
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(
     unit_rows=units_st,
     world=st.integers(1, 4),

@@ -24,8 +24,16 @@ SIZES = [130, 41, 257, 90]  # 518 rows, row groups of 32: 5 + 2 + 9 + 3 units
 
 @pytest.fixture
 def table(table_dir: Path) -> Path:
+    """The test table, on a plain directory and through a mount."""
     write_parquet_dir(table_dir / "t", SIZES, row_group_size=32)
     return table_dir / "t"
+
+
+@pytest.fixture
+def plain(tmp_path: Path) -> Path:
+    """The test table on a plain directory only (what does not depend on where files are)."""
+    write_parquet_dir(tmp_path / "t", SIZES, row_group_size=32)
+    return tmp_path / "t"
 
 
 def test_every_row_once_in_batches(table: Path):
@@ -40,9 +48,9 @@ def test_every_row_once_in_batches(table: Path):
     assert np.all(b["x"] == b["id"] * 0.5) and np.all(b["g"] == b["id"] % 4)  # rows stay whole
 
 
-def test_shuffle_is_deterministic_per_seed_and_epoch(table: Path):
+def test_shuffle_is_deterministic_per_seed_and_epoch(plain: Path):
     def order(seed: int, epoch: int, **kw) -> list[int]:
-        ds = TableDataset(table, batch_rows=64, seed=seed, **kw)
+        ds = TableDataset(plain, batch_rows=64, seed=seed, **kw)
         ds.set_epoch(epoch)
         return ids_of(ds)
 
@@ -50,7 +58,7 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(table: Path):
     assert a == order(3, 0)
     assert a != order(3, 1) and a != order(4, 0)
     assert sorted(a) == sorted(order(3, 1)) == list(range(518))
-    in_file_order = read_table(table).column("id").to_pylist()  # files sorted by path
+    in_file_order = read_table(plain).column("id").to_pylist()  # files sorted by path
     assert order(3, 5, shuffle=False) == in_file_order
 
     # rows are shuffled inside windows too, not only units (19 units: at most 18 breaks)
@@ -61,43 +69,43 @@ def test_shuffle_is_deterministic_per_seed_and_epoch(table: Path):
     assert breaks(order(3, 0, shuffle_rows=1000)) > 400
 
 
-def test_single_rows_torch_output_columns_and_filter(table: Path):
+def test_single_rows_torch_output_columns_and_filter(plain: Path):
     ds = TableDataset(
-        table, columns=["id", "x"], filter=pc.field("g") == 1, output="torch", shuffle=False
+        plain, columns=["id", "x"], filter=pc.field("g") == 1, output="torch", shuffle=False
     )
     rows = list(ds)
-    in_file_order = read_table(table).column("id").to_pylist()
+    in_file_order = read_table(plain).column("id").to_pylist()
     assert [int(r["id"]) for r in rows] == [i for i in in_file_order if i % 4 == 1]
     assert set(rows[0]) == {"id", "x"} and isinstance(rows[0]["id"], torch.Tensor)
     assert ds.num_rows == len(rows)
-    batch = next(iter(TableDataset(table, batch_rows=7, output="torch")))
+    batch = next(iter(TableDataset(plain, batch_rows=7, output="torch")))
     assert batch["id"].dtype == torch.int64 and batch["id"].shape == (7,)
     assert isinstance(batch["s"], np.ndarray)  # strings stay NumPy
-    arrow = next(iter(TableDataset(table, batch_rows=9, output="arrow")))
+    arrow = next(iter(TableDataset(plain, batch_rows=9, output="arrow")))
     assert arrow.num_rows == 9 and arrow.column_names == ["id", "g", "x", "s"]
 
 
 @pytest.mark.parametrize("batch_rows", [None, 16])
-def test_in_process_resume_is_exact(table: Path, batch_rows):
-    full = ids_of(TableDataset(table, batch_rows=batch_rows, seed=9, shuffle_rows=100))
-    ds = TableDataset(table, batch_rows=batch_rows, seed=9, shuffle_rows=100)
+def test_in_process_resume_is_exact(plain: Path, batch_rows):
+    full = ids_of(TableDataset(plain, batch_rows=batch_rows, seed=9, shuffle_rows=100))
+    ds = TableDataset(plain, batch_rows=batch_rows, seed=9, shuffle_rows=100)
     it = iter(ds)
     head = ids_of(next(it) for _ in range(13))
     state = ds.state_dict()
     del it
-    again = TableDataset(table, batch_rows=batch_rows, seed=9, shuffle_rows=100)
+    again = TableDataset(plain, batch_rows=batch_rows, seed=9, shuffle_rows=100)
     again.load_state_dict(state)
     assert head + ids_of(again) == full
     # the state survives a trip through JSON-only types
     assert state["positions"] == [13 * (batch_rows or 1)]
 
 
-def test_resume_with_another_worker_count(table: Path):
-    ds = TableDataset(table, batch_rows=10, seed=2)
+def test_resume_with_another_worker_count(plain: Path):
+    ds = TableDataset(plain, batch_rows=10, seed=2)
     it = iter(ds)
     head = ids_of(next(it) for _ in range(7))
     state = ds.state_dict()
-    ds2 = TableDataset(table, batch_rows=10, seed=2)
+    ds2 = TableDataset(plain, batch_rows=10, seed=2)
     ds2.load_state_dict(state)
     loader = DataLoader(ds2, batch_size=None, num_workers=2, multiprocessing_context="fork")
     rest = ids_of(loader)
@@ -131,8 +139,8 @@ def test_stateful_dataloader_resume_is_exact(table: Path, workers: int):
     assert head + ids_of(dl2) == full
 
 
-def test_workers_split_rows_and_persistent_workers_see_set_epoch(table: Path):
-    ds = TableDataset(table, batch_rows=25, seed=0)
+def test_workers_split_rows_and_persistent_workers_see_set_epoch(plain: Path):
+    ds = TableDataset(plain, batch_rows=25, seed=0)
     loader = DataLoader(
         ds, batch_size=None, num_workers=2, persistent_workers=True, multiprocessing_context="fork"
     )
@@ -143,7 +151,7 @@ def test_workers_split_rows_and_persistent_workers_see_set_epoch(table: Path):
         assert sorted(ids) == list(range(518))
         epochs.append(ids)
     assert epochs[0] != epochs[1]
-    expected = TableDataset(table, batch_rows=25, seed=0)
+    expected = TableDataset(plain, batch_rows=25, seed=0)
     expected.set_epoch(1)
     ref = ids_of(
         DataLoader(expected, batch_size=None, num_workers=2, multiprocessing_context="fork")
@@ -151,20 +159,20 @@ def test_workers_split_rows_and_persistent_workers_see_set_epoch(table: Path):
     assert epochs[1] == ref
 
 
-def test_resume_refusals(table_dir: Path, table: Path):
-    ds = TableDataset(table, batch_rows=10, rank=0, world_size=2)
+def test_resume_refusals(plain: Path):
+    ds = TableDataset(plain, batch_rows=10, rank=0, world_size=2)
     it = iter(ds)
     next(it)
     state = ds.state_dict()
-    other_world = TableDataset(table, batch_rows=10, rank=0, world_size=3)
+    other_world = TableDataset(plain, batch_rows=10, rank=0, world_size=3)
     other_world.load_state_dict(state)
     with pytest.raises(RuntimeError, match="world size 2, the job now runs with 3"):
         next(iter(other_world))
-    other_rank = TableDataset(table, batch_rows=10, rank=1, world_size=2)
+    other_rank = TableDataset(plain, batch_rows=10, rank=1, world_size=2)
     other_rank.load_state_dict(state)
     with pytest.raises(RuntimeError, match="belongs to rank 0"):
         next(iter(other_rank))
-    other_filter = TableDataset(table, batch_rows=10, rank=0, world_size=2, filter=[("g", "=", 0)])
+    other_filter = TableDataset(plain, batch_rows=10, rank=0, world_size=2, filter=[("g", "=", 0)])
     other_filter.load_state_dict(state)
     with pytest.raises(RuntimeError, match="other data or options"):
         next(iter(other_filter))
@@ -190,15 +198,15 @@ def test_changed_delta_version_is_refused(table_dir: Path):
     assert Counter(head + ids_of(pinned)) == Counter(range(300))
 
 
-def test_bad_arguments(table: Path):
+def test_bad_arguments(plain: Path):
     with pytest.raises(ValueError, match="uneven must be"):
-        TableDataset(table, uneven="even")  # type: ignore[arg-type]
+        TableDataset(plain, uneven="even")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_rows must be >= 1"):
-        TableDataset(table, batch_rows=0)
+        TableDataset(plain, batch_rows=0)
     with pytest.raises(ValueError, match="output='arrow' needs batch_rows"):
-        TableDataset(table, output="arrow")
+        TableDataset(plain, output="arrow")
     with pytest.raises(TypeError, match="list of column names"):
-        TableDataset(table, columns="id")  # type: ignore[arg-type]
+        TableDataset(plain, columns="id")  # type: ignore[arg-type]
 
 
 def test_mount_prefetch_asks_for_the_next_files(table_dir: Path, monkeypatch):
