@@ -177,7 +177,8 @@ def read_shuffled(
             t = next(tables)
             parts.append(t)
             have += t.num_rows
-        window = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        # one chunk per column: take() on a chunked table is ~15x slower
+        window = (pa.concat_tables(parts) if len(parts) > 1 else parts[0]).combine_chunks()
         seed = int.from_bytes(hashlib.sha256(f"{key}:{j}".encode()).digest()[:8], "little")
         perm = np.random.default_rng(seed).permutation(window.num_rows)
         for lo, hi in ranges:
