@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -40,26 +41,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-@pytest.fixture(params=["dir", pytest.param("mount", marks=pytest.mark.mount)])
-def table_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Path]:
-    """A directory to write tables in: plain, then through a real airfs mount."""
-    if request.param == "dir":
-        d = tmp_path / "volume"
-        d.mkdir()
-        yield d
-        return
+@pytest.fixture(scope="module")
+def _module_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One real airfs mount (of a directory origin) per test module, torn down after it."""
     from airfs.testing.mountfix import fuse_available, mount, teardown
 
     if not fuse_available():
         pytest.skip("needs /dev/fuse and fusermount3")
-    origin, mnt = tmp_path / "origin", tmp_path / "volume"
+    tmp = tmp_path_factory.mktemp("tables-mount")
+    origin, mnt = tmp / "origin", tmp / "volume"
     origin.mkdir()
     mnt.mkdir()
-    m = mount(str(origin), mnt, tmp_path / "airfs-cache")
+    m = mount(str(origin), mnt, tmp / "airfs-cache")
     try:
         yield mnt
     finally:
         teardown(m)
+
+
+@pytest.fixture(params=["dir", pytest.param("mount", marks=pytest.mark.mount)])
+def table_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
+    """A fresh directory to write tables in: plain, then (same test body) a new directory on
+    the module's airfs mount."""
+    if request.param == "dir":
+        d = tmp_path / "volume"
+        d.mkdir()
+        return d
+    root: Path = request.getfixturevalue("_module_mount")
+    d = root / f"{request.node.name.replace('[', '-').rstrip(']')}-{uuid.uuid4().hex[:8]}"
+    d.mkdir()
+    return d
 
 
 @pytest.fixture(scope="session")
