@@ -49,9 +49,11 @@ class TableDataset(IterableDataset[dict[str, Any]]):
     ``batch_rows``.
 
     **Reading.** pyarrow reads only ``columns``; ``read_ahead`` row groups are read on threads
-    while the current one is consumed; on an airfs mount the daemon is asked to fetch the next
-    ``prefetch_files`` files of this worker (whole files: pass ``mount_prefetch=False`` when the
-    worker reads a small part of each file, e.g. a few columns of wide files).
+    while the current one is consumed. With ``mount_prefetch`` and the table on an airfs mount,
+    the daemon is also asked to fetch the next ``prefetch_files`` whole files of this worker
+    into its cache. Off by default: on a 2-core node, that whole-file fetch beside pyarrow's
+    own range reads made cold reads slower, not faster (docs/tables-benchmarks.md); it may pay
+    on a node with spare cores and an origin of high latency, when workers read whole files.
 
     **Resume.** :meth:`state_dict` says how many rows each worker consumed; after
     :meth:`load_state_dict` the next iteration yields exactly the rows not yet yielded, in the
@@ -60,6 +62,9 @@ class TableDataset(IterableDataset[dict[str, Any]]):
     with a ``RuntimeError`` naming the difference. With DataLoader workers, use torchdata's
     ``StatefulDataLoader`` (it keeps each worker's state).
     """
+
+    _local: dict[str, Any] | None
+    _progress: _Progress | None
 
     def __init__(
         self,
@@ -79,7 +84,7 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         read_ahead: int = 4,
         read_threads: int = 4,
         prefetch_files: int = 8,
-        mount_prefetch: bool = True,
+        mount_prefetch: bool = False,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop', not {uneven!r}")
@@ -245,8 +250,8 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         return out
 
     def _init_local(self) -> None:
-        self._local: dict[str, Any] | None = None
-        self._progress: _Progress | None = None
+        self._local = None
+        self._progress = None
         self._dist_snapshot: tuple[int, int] | None = getattr(self, "_dist_snapshot", None)
 
     def __getstate__(self) -> dict[str, Any]:

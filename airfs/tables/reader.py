@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -29,7 +29,7 @@ R = TypeVar("R")
 
 def ordered_map(
     fn: Callable[[T], R], items: Iterable[T], *, ahead: int, threads: int
-) -> Iterator[R]:
+) -> Generator[R, None, None]:
     """``fn(item)`` for each item, in order, with up to ``ahead`` calls running on ``threads``
     threads ahead of the consumer. Closing the iterator cancels what has not started."""
     with ThreadPoolExecutor(max(1, threads), thread_name_prefix="airfs-tables-read") as pool:
@@ -208,16 +208,17 @@ def _combine(parts: list[pa.Table]) -> pa.Table:
 
 
 class MountPrefetch:
-    """Asks an airfs daemon to fetch the files of the coming pieces, ``ahead`` files ahead of
-    the reader, from a background thread. A failed request logs one warning and turns
-    prefetching off; it never stops the reading."""
+    """Asks an airfs daemon to fetch the next ``ahead`` files after the one being read, from a
+    background thread. The file being read is never asked for: pyarrow is reading it already,
+    and a whole-file fetch beside those reads only competes with them (measured: cold reads
+    26% slower). A failed request logs one warning and turns prefetching off; it never stops
+    the reading."""
 
     def __init__(self, mountpoint: str, paths: Sequence[str], ahead: int) -> None:
-        seen: set[str] = set()
-        self._paths = [p for p in paths if not (p in seen or seen.add(p))]
+        self._paths = list(dict.fromkeys(paths))  # each file once, in first-use order
         self._mountpoint = mountpoint
         self._ahead = max(1, ahead)
-        self._requested = 0
+        self._requested = 1  # one past the last file asked for; the first is being read
         self._enabled = True
         self._sent: deque[Future[None]] = deque()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="airfs-tables-prefetch")
@@ -237,14 +238,16 @@ class MountPrefetch:
         if not self._enabled:
             return
         try:
-            i = self._paths.index(path, max(0, self._requested - self._ahead))
+            i = self._paths.index(path, max(0, self._requested - self._ahead - 1))
         except ValueError:
             return
-        if self._requested - i <= self._ahead // 2 and self._requested < len(self._paths):
-            end = min(len(self._paths), i + self._ahead)
-            batch = self._paths[self._requested : end]
-            self._sent.append(self._pool.submit(client.prefetch, self._mountpoint, batch))
-            self.requests += 1
+        nxt = i + 1
+        if self._requested - nxt <= self._ahead // 2 and self._requested < len(self._paths):
+            end = min(len(self._paths), nxt + self._ahead)
+            batch = self._paths[max(self._requested, nxt) : end]
+            if batch:
+                self._sent.append(self._pool.submit(client.prefetch, self._mountpoint, batch))
+                self.requests += 1
             self._requested = end
 
     def close(self) -> None:

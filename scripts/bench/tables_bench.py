@@ -87,8 +87,8 @@ def mounted(origin: Path, mp: Path, cache: Path, *args: str) -> Iterator[Path]:
         mountfix.teardown(m)
 
 
-def dataset_pass(root: Path, shuffle: bool = True) -> int:
-    ds = TableDataset(root, batch_rows=8192, shuffle=shuffle)
+def dataset_pass(root: Path, shuffle: bool = True, mount_prefetch: bool = False) -> int:
+    ds = TableDataset(root, batch_rows=8192, shuffle=shuffle, mount_prefetch=mount_prefetch)
     n = 0
     for batch in ds:
         n += len(batch["id"])
@@ -186,7 +186,7 @@ def main() -> int:
     lo = LatencyOrigin(PosixOrigin(str(origin_dir)), a.latency,
                        _parse_size(a.bandwidth) if a.bandwidth else None)  # fmt: skip
     t_raw = timed(lambda: origin_parallel_read(lo, [f"export/{f}" for f in files_rel]), a.reps)
-    cold, cached, hf, cold_plain = [], [], [], []
+    cold, cached, hf, cold_plain, cold_pf = [], [], [], [], []
     for _ in range(a.reps):
         with mounted(origin_dir, work / "mnt-r", work / "cache-r", *lat) as mp:
             cold.append(timed(lambda mp=mp: dataset_pass(mp / "export"), 1)[0])
@@ -195,6 +195,8 @@ def main() -> int:
                 [str(mp / "export" / f) for f in files_rel], work / "hf"), 1)[0])  # fmt: skip
         with mounted(origin_dir, work / "mnt-r", work / "cache-r", *lat) as mp:
             cold_plain.append(timed(lambda mp=mp: dataset_pass(mp / "export", False), 1)[0])
+        with mounted(origin_dir, work / "mnt-r", work / "cache-r", *lat) as mp:
+            cold_pf.append(timed(lambda mp=mp: dataset_pass(mp / "export", True, True), 1)[0])
     mib = ebytes / MiB
 
     def row(name: str, secs: list[float], ref: float | None, ref_name: str) -> None:
@@ -207,6 +209,8 @@ def main() -> int:
     row("TableDataset through airfs, cached (2nd epoch)", cached, pa_speed, "pyarrow local")
     row("TableDataset through airfs, cold", cold, raw_speed, "origin raw parallel read")
     row("TableDataset through airfs, cold, shuffle=False", cold_plain, raw_speed,
+        "origin raw parallel read")  # fmt: skip
+    row("TableDataset through airfs, cold, mount_prefetch=True", cold_pf, raw_speed,
         "origin raw parallel read")  # fmt: skip
     row("TableDataset over the local files", t_local_ds, pa_speed, "pyarrow local")
     row("HF datasets streaming through airfs (cached)", hf, pa_speed, "pyarrow local")

@@ -223,14 +223,21 @@ def test_mount_prefetch_asks_for_the_next_files(table_dir: Path, monkeypatch):
         return real(mountpoint, paths)
 
     monkeypatch.setattr(reader_mod.client, "prefetch", recording)
-    ds = TableDataset(table_dir / "many", batch_rows=5, shuffle=False, prefetch_files=4)
+    assert not TableDataset(table_dir / "many").mount_prefetch  # off by default
+    assert sorted(ids_of(TableDataset(table_dir / "many", batch_rows=5))) == list(range(240))
+    assert asked == []
+    ds = TableDataset(
+        table_dir / "many", batch_rows=5, shuffle=False, prefetch_files=4, mount_prefetch=True
+    )
     assert sorted(ids_of(ds)) == list(range(240))
     flat = [p for req in asked for p in req]
-    assert flat == [f.path for f in ds.source.files]  # every file once, in reading order
+    # every file after the first once, in reading order (the first is being read already)
+    assert flat == [f.path for f in ds.source.files][1:]
     assert len(asked) >= 3 and all(len(req) <= 4 for req in asked)
 
     def failing(mountpoint, paths):
         raise OSError("daemon gone")
 
     monkeypatch.setattr(reader_mod.client, "prefetch", failing)
-    assert sorted(ids_of(TableDataset(table_dir / "many", batch_rows=5))) == list(range(240))
+    failing_ds = TableDataset(table_dir / "many", batch_rows=5, mount_prefetch=True)
+    assert sorted(ids_of(failing_ds)) == list(range(240))

@@ -72,6 +72,14 @@ def test_export_delta_then_hf_datasets_through_the_mount(volume):
         assert checksum(hf[col]) == checksum(table[col].to_pylist()), col
     streamed = load_dataset("parquet", data_files=result.paths, split="train", streaming=True)
     assert sum(1 for _ in streamed) == len(ids)
+    # map and save_to_disk into the volume, then load_from_disk, as users do
+    from datasets import load_from_disk
+
+    doubled = hf.map(lambda r: {"y": r["x"] * 2}, num_proc=1)
+    doubled.save_to_disk(str(volume.root / "main" / "hf_saved"))
+    again = load_from_disk(str(volume.root / "main" / "hf_saved"))
+    assert again.num_rows == len(ids)
+    assert checksum(again["y"]) == checksum([v * 2 for v in table["x"].to_pylist()])
     # and the dataset of this package over the export
     assert TableDataset(dest).num_rows == len(ids)
 
