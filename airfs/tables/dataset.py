@@ -49,11 +49,12 @@ class TableDataset(IterableDataset[dict[str, Any]]):
     ``batch_rows``.
 
     **Reading.** pyarrow reads only ``columns``; ``read_ahead`` row groups are read on threads
-    while the current one is consumed. With ``mount_prefetch`` and the table on an airfs mount,
-    the daemon is also asked to fetch the next ``prefetch_files`` whole files of this worker
-    into its cache. Off by default: on a 2-core node, that whole-file fetch beside pyarrow's
-    own range reads made cold reads slower, not faster (docs/tables-benchmarks.md); it may pay
-    on a node with spare cores and an origin of high latency, when workers read whole files.
+    while the current one is consumed. On an airfs mount (unless ``mount_prefetch=False``) the
+    daemon is also asked to fetch the next ``prefetch_files`` whole files of this worker into
+    its cache, never the file being read (pyarrow reads it already; a whole-file fetch beside
+    those reads competed with them). Measured on 2 cores, cold: 125 against 110 MiB/s without
+    (docs/tables-benchmarks.md). Turn it off when a worker reads a small part of each file (a
+    few columns of wide files): the daemon would fetch what is not read.
 
     **Resume.** :meth:`state_dict` says how many rows each worker consumed; after
     :meth:`load_state_dict` the next iteration yields exactly the rows not yet yielded, in the
@@ -84,7 +85,7 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         read_ahead: int = 4,
         read_threads: int = 4,
         prefetch_files: int = 8,
-        mount_prefetch: bool = False,
+        mount_prefetch: bool = True,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop', not {uneven!r}")

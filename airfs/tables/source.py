@@ -8,7 +8,8 @@ A source is one of:
   columns; deletion vectors are applied (deltalake exposes them as row masks); tables with
   column mapping are refused (:class:`TableError`).
 * a **Parquet directory**: every ``*.parquet`` file under it, recursively, sorted (names that
-  start with ``_`` or ``.`` are skipped, as Spark and Hive do). If it holds a ``_SUCCESS``
+  start with ``_`` or ``.`` are skipped, as Spark and Hive do); Hive-style ``key=value``
+  directories (Spark's ``partitionBy``) become columns. If it holds a ``_SUCCESS``
   manifest written by :func:`airfs.tables.export_table`, exactly the files it lists; if it holds
   a ``_temporary/`` directory and no ``_SUCCESS``, it is a write in progress or one that died
   midway, and is refused.
@@ -235,8 +236,50 @@ def _resolve_files(root: str, paths: list[str]) -> TableSource:
         schema = pq.read_schema(paths[0])
     except (OSError, pa.ArrowException) as exc:
         raise TableError(f"{paths[0]}: not a Parquet file ({exc})") from None
-    files = tuple(DataFile(p, os.path.getsize(p)) for p in paths)
-    return TableSource("parquet", root, files, schema)
+    parts = _hive_partitions(root, paths)
+    for name, typ in parts[1]:
+        if name not in schema.names:
+            schema = schema.append(pa.field(name, typ))
+    files = tuple(
+        DataFile(p, os.path.getsize(p), values) for p, values in zip(paths, parts[0], strict=True)
+    )
+    info = {"partition_columns": [n for n, _ in parts[1]]}
+    return TableSource("parquet", root, files, schema, info=info)
+
+
+_HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+
+
+def _hive_partitions(
+    root: str, paths: list[str]
+) -> tuple[list[tuple[tuple[str, Any], ...]], list[tuple[str, pa.DataType]]]:
+    """Hive-style partition values (``key=value`` directories under ``root``, as Spark's and
+    pyarrow's partitioned writes make) of every file, typed: int64 when every value is an
+    integer, else string. None when the files do not all have the same keys."""
+    from urllib.parse import unquote
+
+    keyed: list[list[tuple[str, str]]] = []
+    for p in paths:
+        rel_dir = os.path.relpath(os.path.dirname(p), root)
+        comps = [] if rel_dir == "." else rel_dir.split(os.sep)
+        pairs = [tuple(c.split("=", 1)) for c in comps if "=" in c]
+        keyed.append([(unquote(k), unquote(v)) for k, v in pairs])
+    keys = [k for k, _ in keyed[0]] if keyed else []
+    if not keys or any([k for k, _ in kv] != keys for kv in keyed):
+        return [() for _ in paths], []
+    types: list[tuple[str, pa.DataType]] = []
+    for i, k in enumerate(keys):
+        values = [kv[i][1] for kv in keyed if kv[i][1] != _HIVE_NULL]
+        is_int = all(v.lstrip("-").isdigit() for v in values)
+        types.append((k, pa.int64() if is_int else pa.string()))
+    typed = [
+        tuple(
+            (k, None if v == _HIVE_NULL else pa.scalar(int(v) if t == pa.int64() else v, t))
+            for (k, v), (_, t) in zip(kv, types, strict=True)
+        )
+        for kv in keyed
+    ]
+    return typed, types
 
 
 def _resolve_delta(dt: Any, version: int | None) -> TableSource:

@@ -223,8 +223,8 @@ def test_mount_prefetch_asks_for_the_next_files(table_dir: Path, monkeypatch):
         return real(mountpoint, paths)
 
     monkeypatch.setattr(reader_mod.client, "prefetch", recording)
-    assert not TableDataset(table_dir / "many").mount_prefetch  # off by default
-    assert sorted(ids_of(TableDataset(table_dir / "many", batch_rows=5))) == list(range(240))
+    off = TableDataset(table_dir / "many", batch_rows=5, mount_prefetch=False)
+    assert sorted(ids_of(off)) == list(range(240))
     assert asked == []
     ds = TableDataset(
         table_dir / "many", batch_rows=5, shuffle=False, prefetch_files=4, mount_prefetch=True
@@ -239,5 +239,5 @@ def test_mount_prefetch_asks_for_the_next_files(table_dir: Path, monkeypatch):
         raise OSError("daemon gone")
 
     monkeypatch.setattr(reader_mod.client, "prefetch", failing)
-    failing_ds = TableDataset(table_dir / "many", batch_rows=5, mount_prefetch=True)
+    failing_ds = TableDataset(table_dir / "many", batch_rows=5)  # on by default
     assert sorted(ids_of(failing_ds)) == list(range(240))

@@ -44,6 +44,26 @@ def test_parquet_dir_glob_list(table_dir: Path):
     assert read_table(table_dir / "t", filter=[("g", "=", 1)]).num_rows == len(ids) // 4
 
 
+def test_hive_partitions_become_columns(table_dir: Path):
+    import pyarrow.dataset as pads
+
+    t = rows_table(0, 200)
+    pads.write_dataset(
+        t.drop_columns(["s"]),
+        table_dir / "hive",
+        format="parquet",
+        partitioning=["g"],
+        partitioning_flavor="hive",
+    )
+    got = read_table(table_dir / "hive")
+    assert got.schema.field("g").type == pa.int64()
+    assert sorted(zip(got["id"].to_pylist(), got["g"].to_pylist(), strict=True)) == [
+        (i, i % 4) for i in range(200)
+    ]
+    assert read_table(table_dir / "hive", filter=pc.field("g") == 2).num_rows == 50
+    assert resolve(table_dir / "hive").info["partition_columns"] == ["g"]
+
+
 def test_clear_errors(table_dir: Path):
     write_parquet_dir(table_dir / "t", [10], row_group_size=5)
     with pytest.raises(TableError, match="no such file or directory"):
