@@ -144,3 +144,38 @@ def test_bad_arguments():
         assign.resolve_layout(10, history=[], num_workers=2, positions=[-1, 3], new_num_workers=3)
     with pytest.raises(ValueError, match="outside"):
         assign.resolve_layout(10, history=[], num_workers=2, positions=[9, 0], new_num_workers=2)
+
+
+@settings(max_examples=80, deadline=None)
+@given(unit_rows=units_st, window=st.integers(1, 60), data=st.data())
+def test_shuffled_stream_positions_are_exact(unit_rows, window, data):
+    """Reading any positions of a rank's shuffled stream (as a resumed worker does) gives
+    exactly those positions of the whole shuffled stream: windows are fixed by the span, not
+    by the worker's part."""
+    import pyarrow as pa
+
+    from airfs.tables.reader import read_shuffled, window_plan
+
+    span = assign.rank_pieces(
+        unit_rows, rank=0, world_size=1, epoch=0, seed=1, shuffle=True, uneven="pad"
+    )
+    n = sum(p.rows for p in span)
+    base = [0]
+    for r in unit_rows:
+        base.append(base[-1] + r)
+
+    def stream(intervals):
+        plan = window_plan(span, intervals, window)
+        pieces = [p for _, ps, _ in plan for p in ps]
+        tables = iter(
+            pa.table({"row": list(range(base[p.unit] + p.start, base[p.unit] + p.stop))})
+            for p in pieces
+        )
+        return [v for t in read_shuffled(tables, plan, key="k") for v in t["row"].to_pylist()]
+
+    whole = stream([(0, n)])
+    assert sorted(whole) == list(range(n))
+    cuts = sorted(data.draw(st.lists(st.integers(0, n), max_size=6)))
+    bounds = [0, *cuts, n]
+    intervals = [(a, b) for a, b in zip(bounds[::2], bounds[1::2], strict=False) if a < b]
+    assert stream(intervals) == [whole[i] for a, b in intervals for i in range(a, b)]
