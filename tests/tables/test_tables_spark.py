@@ -10,6 +10,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pytest
 from tabletest_util import checksum, ids_of
 
@@ -62,6 +63,8 @@ def test_spark_local_writes_parquet_into_the_mount(table_dir: Path, tmp_path: Pa
         assert (out / "_SUCCESS").exists() and not (out / "_temporary").exists()
         back = spark.read.parquet(str(out))
         assert back.count() == 5000
+        parted = table_dir / "main" / "default" / "vol" / "by_k"
+        back.write.partitionBy("k").parquet(str(parted))  # k=0/ ... k=6/ directories
         pdf = back.filter("k = 3").toPandas()  # the seed's single-node path
         assert len(pdf) == len([i for i in range(5000) if i % 7 == 3])
         assert pdf["x"].to_numpy().sum() == sum(i * 0.25 for i in range(5000) if i % 7 == 3)
@@ -70,6 +73,9 @@ def test_spark_local_writes_parquet_into_the_mount(table_dir: Path, tmp_path: Pa
 
     table = read_table(out)
     assert sorted(table["id"].to_pylist()) == list(range(5000))
+    by_k = read_table(parted, columns=["id", "k"], filter=pc.field("k") == 3)
+    assert sorted(by_k["id"].to_pylist()) == [i for i in range(5000) if i % 7 == 3]
+    assert set(by_k["k"].to_pylist()) == {3}
     assert sorted(ids_of(TableDataset(out, batch_rows=512))) == list(range(5000))
     from datasets import load_dataset
 
