@@ -44,7 +44,9 @@ class TableDataset(IterableDataset[dict[str, Any]]):
 
     **Items.** With ``batch_rows`` a dict ``{column: array}`` of ``batch_rows`` rows (a worker's
     last batch may be shorter); else one dict per row. ``output`` says what the arrays are:
-    ``"numpy"`` arrays, ``"torch"`` tensors (columns that are not numeric stay NumPy arrays) or
+    ``"numpy"`` arrays (read-only views of Arrow's buffers where possible: pass
+    ``output="torch"`` to a DataLoader, which would otherwise warn about them), ``"torch"``
+    tensors (columns that are not numeric stay NumPy arrays) or
     ``"arrow"`` (a ``pyarrow.Table`` per batch). Use ``DataLoader(ds, batch_size=None)`` with
     ``batch_rows``.
 
