@@ -320,8 +320,8 @@ class StagingArea:
         self.on_ready(ps)
 
     def _record(self, st: Staged) -> Record:
-        assert st.ps is not None and st.ps.path is not None and st.seq is not None
         ps = st.ps
+        assert ps is not None and ps.path is not None and st.seq is not None
         return Record(
             st.id, ps.path, ps.base, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
         )
@@ -634,8 +634,8 @@ class StagingArea:
             ev = self.change_event()
             now_targets = []
             for st, g in targets:
-                while st.replaced_by is not None:
-                    st, g = st.replaced_by, st.replaced_by.journaled_gen or st.replaced_by.gen
+                while (nxt := st.replaced_by) is not None:
+                    st, g = nxt, nxt.journaled_gen or nxt.gen
                     st.urgent = True
                     start.setdefault(st.id, st.attempts)
                 now_targets.append((st, g))
