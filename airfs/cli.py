@@ -83,6 +83,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         write_wait=args.write_wait,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
+        fuse=args.fuse,
     )
 
 
@@ -317,6 +318,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     if wb.get("last_error"):
         print(f"last error   {wb['last_error']}")
+    fuse = st.get("fuse") or {}
+    if fuse:
+        extra = ""
+        if fuse.get("protocol"):
+            extra = (
+                f" {fuse['protocol']}, requests up to {_human(fuse['max_write'])}, passthrough "
+                f"{'on' if fuse.get('passthrough') else 'off'}; {' '.join(fuse['flags'])}"
+            )
+        print(f"fuse         {fuse.get('transport')}{extra}")
     return 0
 
 
@@ -451,6 +461,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a writer waits for staging space before ENOSPC (default 30)",
     )
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
+    m.add_argument(
+        "--fuse",
+        choices=("kernel", "pyfuse3"),
+        default="pyfuse3",
+        help="FUSE transport: airfs's own kernel-protocol loop, or libfuse (default pyfuse3)",
+    )
     m.add_argument(
         "--emulate-latency",
         type=float,
