@@ -302,20 +302,31 @@ class Session:
     # -- replies -------------------------------------------------------------------------------
 
     def _reply(self, unique: int, payload: Payload) -> None:
-        parts = [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload
+        if isinstance(payload, list):
+            # one buffer when the parts are many (writev takes at most IOV_MAX of them)
+            parts = payload if len(payload) <= 8 else [b"".join(payload)]
+        else:
+            parts = [payload]
         size = sum(len(p) for p in parts)
-        self._send([proto.out_header(unique, 0, size), *parts])
+        if not self._send([proto.out_header(unique, 0, size), *parts]):
+            # the kernel refused the reply (e.g. larger than asked): the caller gets EIO
+            # rather than waiting forever
+            self._send([proto.out_header(unique, -errno.EIO, 0)])
 
     def _reply_error(self, unique: int, code: int) -> None:
         self._send([proto.out_header(unique, -code, 0)])
 
-    def _send(self, parts: list[Any]) -> None:
+    def _send(self, parts: list[Any]) -> bool:
+        """Write one reply; False when the kernel refused it as malformed."""
         try:
             os.writev(self.fd, parts)
         except OSError as exc:
             # ENOENT: the request was interrupted and is gone; ENODEV: unmounted
-            if exc.errno not in (errno.ENOENT, errno.ENODEV):
-                log.error("writing a reply to /dev/fuse: %s", exc)
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return True
+            log.error("writing a reply to /dev/fuse: %s", exc)
+            return False
+        return True
 
     def notify(self, code: int, payload: bytes) -> bool:
         """Send a notification (``unique`` 0); False if the kernel refused it."""
