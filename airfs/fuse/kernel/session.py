@@ -172,6 +172,8 @@ class Session:
                 if exc.errno == errno.ENODEV:
                     raise Unmounted from None
                 raise
+            if n == 0:  # end of file: only a socket stands in for /dev/fuse like that
+                raise Unmounted
             batch.append(bytes(self._view[:n]))
         return batch
 
