@@ -19,6 +19,7 @@ from typing import Any
 
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
+from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -463,9 +464,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
     m.add_argument(
         "--fuse",
-        choices=("kernel", "pyfuse3"),
-        default="pyfuse3",
-        help="FUSE transport: airfs's own kernel-protocol loop, or libfuse (default pyfuse3)",
+        choices=TRANSPORTS,
+        default=DEFAULT_TRANSPORT,
+        help=f"FUSE transport: airfs's own kernel-protocol loop, or libfuse through pyfuse3 "
+        f"(default {DEFAULT_TRANSPORT})",
     )
     m.add_argument(
         "--emulate-latency",

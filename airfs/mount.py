@@ -29,6 +29,7 @@ from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
+from airfs.fuse import DEFAULT_TRANSPORT
 from airfs.fuse.transport import Transport, TransportError, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin, OriginError
@@ -65,7 +66,7 @@ class MountConfig:
     emulate_latency: float = 0.0
     emulate_bandwidth: int | None = None
     #: how requests reach the core: "pyfuse3" (libfuse) or "kernel" (airfs's own transport)
-    fuse: str = "pyfuse3"
+    fuse: str = DEFAULT_TRANSPORT
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

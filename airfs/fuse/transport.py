@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from airfs.core.fs import Filesystem
+from airfs.fuse import TRANSPORTS
+
+__all__ = ["TRANSPORTS", "Transport", "TransportError", "make_transport"]
 
 log = logging.getLogger(__name__)
-
-TRANSPORTS = ("kernel", "pyfuse3")
 
 
 class TransportError(Exception):
