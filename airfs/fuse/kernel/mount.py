@@ -67,12 +67,16 @@ def mount(
     subtype: str = "airfs",
     allow_other: bool = False,
     extra: list[str] | None = None,
+    via: str | None = None,
 ) -> int:
     """Mount a FUSE file system on ``mountpoint``; returns the /dev/fuse fd to serve.
-    The kernel's INIT waits on that fd: nothing may touch the mountpoint until it is served."""
+    The kernel's INIT waits on that fd: nothing may touch the mountpoint until it is served.
+    ``via`` is ``"mount2"`` or ``"fusermount3"``; None: mount(2) when we may, else fusermount3."""
     fsname = fsname.replace(",", "_").replace(" ", "_") or subtype
     opts = _options(allow_other, list(extra or []))
-    if can_mount_directly():
+    if via is None:
+        via = "mount2" if can_mount_directly() else "fusermount3"
+    if via == "mount2":
         return _mount_root(mountpoint, fsname, subtype, opts)
     return _mount_fusermount(mountpoint, fsname, subtype, opts)
 
@@ -142,10 +146,12 @@ def _mount_fusermount(mountpoint: str, fsname: str, subtype: str, opts: list[str
             theirs.close()
 
 
-def unmount(mountpoint: str, *, lazy: bool = True) -> None:
+def unmount(mountpoint: str, *, lazy: bool = True, via: str | None = None) -> None:
     """Unmount (detached when ``lazy``: busy files keep working until closed). A mountpoint
-    that is no longer mounted is not an error."""
-    if can_mount_directly():
+    that is no longer mounted is not an error. ``via`` as for :func:`mount`."""
+    if via is None:
+        via = "mount2" if can_mount_directly() else "fusermount3"
+    if via == "mount2":
         res = _c().umount2(os.fsencode(mountpoint), MNT_DETACH if lazy else 0)
         if res != 0:
             code = ctypes.get_errno()
