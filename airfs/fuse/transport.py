@@ -116,7 +116,7 @@ class KernelTransport:
             ttl,
             on_init=lambda _neg: on_init(),
             pages_limit=max_pages_limit(),
-            passthrough=False,
+            passthrough=kmount.has_cap_sys_admin(),
         )
         if debug:
             logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)

@@ -220,3 +220,74 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
         os.close(fd)
         area.close()
         sync.close()
+
+
+async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None:
+    """The kernel side of passthrough: a core that names a local file for a handle (here a
+    test subclass answering for read-only opens of a directory origin, standing in for the
+    core's cache-file query) gets FOPEN_PASSTHROUGH opens whose reads and mmap never reach
+    the daemon."""
+    import mmap
+
+    import trio
+
+    from airfs.core.fs import Filesystem
+    from airfs.fuse.kernel import mount as kmount
+    from airfs.fuse.kernel.session import Session
+    from airfs.origin.aio import AsyncOrigin
+    from airfs.origin.posix import PosixOrigin
+    from airfs.readpath import DirectReadPath
+    from airfs.writeback.staging import StagingArea
+
+    if not fuse_available() or not kmount.has_cap_sys_admin():
+        pytest.skip("passthrough needs /dev/fuse and CAP_SYS_ADMIN")
+    odir = tmp_path / "origin"
+    odir.mkdir()
+    data = os.urandom(3 << 20)
+    (odir / "data.bin").write_bytes(data)
+    (tmp_path / "mnt").mkdir()
+    mnt = str(tmp_path / "mnt")
+
+    class LocalBytes(Filesystem):
+        def passthrough_fd(self, fh: int) -> int | None:
+            h = self.handles[fh]
+            if h.writable or h.node.path is None:
+                return None
+            fd = os.open(odir / h.node.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fds.append(fd)
+            return fd
+
+    sync = PosixOrigin(str(odir))
+    origin = AsyncOrigin(sync)
+    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
+    fs = LocalBytes(origin, DirectReadPath(origin), area, await origin.stat(""), ttl=1.0)
+    fs.fds = []  # type: ignore[attr-defined]
+    fd = kmount.mount(mnt, fsname="airfs-test", via="mount2")
+    session = Session(fd, fs, 1.0, passthrough=True)
+
+    def read_and_map() -> tuple[bytes, bytes]:
+        with open(tmp_path / "mnt" / "data.bin", "rb") as f:
+            whole = f.read()
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                tail = m[-4096:]
+        return whole, tail
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run)
+            whole, tail = await trio.to_thread.run_sync(read_and_map)
+            assert session.negotiated is not None and session.negotiated.passthrough
+            assert whole == data and tail == data[-4096:]
+            assert session.counts["passthrough_opens"] == 1
+            assert fs.ops["read"] == 0  # every byte came from the backing file in the kernel
+            await trio.to_thread.run_sync(lambda: kmount.unmount(mnt, via="mount2"))
+            with trio.fail_after(10):
+                await session._done.wait()
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+        for f in fs.fds:  # type: ignore[attr-defined]
+            os.close(f)
+        os.close(fd)
+        area.close()
+        sync.close()

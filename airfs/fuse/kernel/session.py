@@ -35,6 +35,7 @@ from airfs.core.fs import Filesystem
 
 from . import proto
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
+from .passthrough import close_backing, open_backing
 from .proto import BadRequest, Op, Request
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class Session:
         self.negative_ttl = ttl if negative_ttl is None else negative_ttl
         self.on_init = on_init
         self.pages_limit = pages_limit
-        self.passthrough = passthrough
+        self.passthrough = passthrough and hasattr(fs, "passthrough_fd")
         self.negotiated: Negotiated | None = None
         self.minor = proto.KERNEL_MINOR
         self._buf = bytearray(read_buffer_size(pages_limit))
@@ -103,7 +104,20 @@ class Session:
         self._scopes: dict[int, trio.CancelScope] = {}
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.counts = {"requests": 0, "inline": 0, "tasks": 0, "interrupts": 0, "errors": 0}
+        self.counts = {
+            "requests": 0,
+            "inline": 0,
+            "tasks": 0,
+            "interrupts": 0,
+            "errors": 0,
+            "passthrough_opens": 0,
+        }
+        #: backing ids of passthrough opens, by file handle (closed at RELEASE)
+        self._backing_ids: dict[int, int] = {}
+        #: the core's "local backing file" query, when it has one (see :meth:`_backing`)
+        self._passthrough_fd: Callable[[int], int | None] | None = getattr(
+            fs, "passthrough_fd", None
+        )
         self._handlers: dict[int, Callable[[Request], Coroutine[Any, Any, Any]]] = {
             Op.LOOKUP: self._lookup,
             Op.GETATTR: self._getattr,
@@ -445,7 +459,37 @@ class Session:
         out = proto.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
-        return proto.open_out(fh, out)
+        backing = self._backing(fh)
+        if backing is None:
+            return proto.open_out(fh, out)
+        # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
+        out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
+        # the opener looks the id up after our reply: it stays registered until RELEASE
+        self._backing_ids[fh] = backing
+        self.counts["passthrough_opens"] += 1
+        return proto.open_out(fh, out, backing)
+
+    def _backing(self, fh: int) -> int | None:
+        """A backing id for handle ``fh`` when passthrough was negotiated and the core names a
+        local file holding all of the handle's bytes; None to serve it through the daemon."""
+        if self._passthrough_fd is None or self.negotiated is None:
+            return None
+        if not self.negotiated.passthrough:
+            return None
+        fd = self._passthrough_fd(fh)
+        if fd is None:
+            return None
+        try:
+            return open_backing(self.fd, fd)
+        except OSError as exc:
+            log.warning("passthrough refused (%s); serving through the daemon", exc)
+            return None
+
+    def _close_backing(self, backing: int) -> None:
+        try:
+            close_backing(self.fd, backing)
+        except OSError as exc:
+            log.warning("closing backing id %d: %s", backing, exc)
 
     async def _create(self, req: Request) -> Payload:
         flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
@@ -474,6 +518,9 @@ class Session:
 
     async def _release(self, req: Request) -> Payload:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
+        backing = self._backing_ids.pop(fh, None)
+        if backing is not None:
+            self._close_backing(backing)
         await self.fs.release(fh)
         return b""
 
