@@ -6,6 +6,7 @@ Over a directory origin (page-cached, so the transport and the core are what is 
 * small files: open + read + close of every one of ``--files`` cached files (1 and 8 threads);
 * stat: ``os.stat`` of every file within the TTL (the kernel answers) and after it expired
   (each one a LOOKUP through the daemon);
+* create + write + close of ``--writes`` new 16 KiB files (until close returns);
 * cached sequential read of a ``--size-mib`` file whose bytes are in airfs's cache, the mount's
   page cache dropped for that file before each pass (``posix_fadvise(DONTNEED)``);
 * the same operations straight on the origin directory, as the local-disk baseline.
@@ -84,16 +85,29 @@ def seq_read(path: Path) -> float:
         os.close(fd)
 
 
-def measure(root: Path, ttl: float) -> dict[str, float]:
+def write_files(d: Path, n: int, size: int) -> float:
+    """Files per second for create + write + close of ``n`` new files."""
+    d.mkdir()
+    blob = os.urandom(size)
+    t0 = time.perf_counter()
+    for i in range(n):
+        fd = os.open(d / f"w{i:05d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, blob)
+        os.close(fd)
+    return n / (time.perf_counter() - t0)
+
+
+def measure(root: Path, ttl: float, tag: str, writes: int) -> dict[str, float]:
     small = sorted((root / "small").iterdir())
     out = {
         "open/read/close, 1 thread (files/s)": read_all(small, 1),
         "open/read/close, 8 threads (files/s)": read_all(small, 8),
-        "stat within the TTL (stats/s)": stat_all(small),
     }
     time.sleep(ttl + 0.2)
     out["stat after the TTL expired (stats/s)"] = stat_all(small)
+    out["stat within the TTL (stats/s)"] = stat_all(small)  # right after: entries are fresh
     out["cached sequential read (MiB/s)"] = seq_read(root / "big.bin")
+    out["create + 16 KiB write + close (files/s)"] = write_files(root / tag, writes, 16 << 10)
     return out
 
 
@@ -111,6 +125,7 @@ def main() -> int:
     ap.add_argument("--file-kib", type=int, default=16)
     ap.add_argument("--size-mib", type=int, default=256)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--writes", type=int, default=500, help="files created per round")
     ap.add_argument("--ttl", type=float, default=1.0)
     ap.add_argument("--work", default=None, help="scratch directory (default: a temp dir)")
     ap.add_argument("--out", default=None, help="write the markdown table here")
@@ -126,7 +141,7 @@ def main() -> int:
             results[who].setdefault(k, []).append(v)
 
     for rnd in range(args.rounds):
-        add("local", measure(origin, 0.0))
+        add("local", measure(origin, 0.0, f"w-local-{rnd}", args.writes))
         order = TRANSPORTS if rnd % 2 == 0 else TRANSPORTS[::-1]
         for t in order:
             mp, cache = work / f"mnt-{t}", work / f"cache-{t}"
@@ -134,7 +149,7 @@ def main() -> int:
             with mounted(str(origin), mp, cache, "--fuse", t, "--ttl", str(args.ttl)) as m:
                 if rnd == 0:
                     warm(mp)
-                add(t, measure(mp, args.ttl))
+                add(t, measure(mp, args.ttl, f"w-{t}-{rnd}", args.writes))
                 fuse = m.status().get("fuse") or {}
                 if t == "kernel" and fuse.get("protocol"):
                     negotiated = (
