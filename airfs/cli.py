@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -85,12 +86,33 @@ def _mount_config(args: argparse.Namespace) -> Any:
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
         fuse=args.fuse,
+        rebuild_journal=args.rebuild_journal,
     )
 
 
+def clear_dead_mount(mp: str) -> bool:
+    """Unmount (lazily) an airfs mount on ``mp`` whose daemon is gone (the kernel answers
+    ENOTCONN), as left by a daemon killed with SIGKILL; True if one was cleared."""
+    if mounts().get(mp) != MOUNT_TYPE:
+        return False
+    try:
+        os.stat(mp)
+        return False  # alive
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            return False
+    cmd = ["umount", "-l", mp] if os.geteuid() == 0 else ["fusermount3", "-u", "-z", mp]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(cmd, capture_output=True, timeout=30)
+    return mounts().get(mp) != MOUNT_TYPE
+
+
 def check_mountpoint(mountpoint: str, origin: str | None) -> str | None:
-    """The reason ``mountpoint`` cannot be used, or None."""
+    """The reason ``mountpoint`` cannot be used, or None. A dead airfs mount left by a
+    killed daemon is cleared first (its journal is replayed by the new mount)."""
     mp = os.path.realpath(mountpoint)
+    if clear_dead_mount(mp):
+        sys.stderr.write(f"airfs: cleared a dead mount on {mountpoint} (its daemon had died)\n")
     if not os.path.exists(mp):
         return f"mountpoint {mountpoint} does not exist"
     if not os.path.isdir(mp):
@@ -468,6 +490,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TRANSPORT,
         help=f"FUSE transport: airfs's own kernel-protocol loop, or libfuse through pyfuse3 "
         f"(default {DEFAULT_TRANSPORT})",
+    )
+    m.add_argument(
+        "--rebuild-journal",
+        action="store_true",
+        help="rebuild a lost or damaged write-back journal from the staging files' own "
+        "records (what the refusal to start says to run)",
     )
     m.add_argument(
         "--emulate-latency",

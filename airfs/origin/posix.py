@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -20,6 +21,7 @@ import uuid
 from collections.abc import Iterator
 
 from .base import (
+    Capabilities,
     Conflict,
     Entry,
     Exists,
@@ -73,7 +75,14 @@ def _copy_sparse(src: int, dst: int) -> None:
         end = os.lseek(src, start, os.SEEK_HOLE)
         off_in, off_out = start, start
         while off_in < end:
-            n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
+            try:
+                n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
+            except OSError as exc:
+                # another filesystem (NFS origin, local cache) or no in-kernel copy: copy here
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                data = os.pread(src, min(8 << 20, end - off_in), off_in)
+                n = os.pwrite(dst, data, off_out) if data else 0
             if n == 0:
                 break
             off_in += n
@@ -83,7 +92,18 @@ def _copy_sparse(src: int, dst: int) -> None:
 
 
 class PosixOrigin:
-    """An origin backed by a local (or NFS, or any POSIX) directory."""
+    """An origin backed by a local (or NFS, or any POSIX) directory.
+
+    Conditional puts are checked and renamed into place under an exclusive ``flock`` of the
+    target's directory, so two nodes (mounts) sharing the directory never overwrite each
+    other's commit silently (on NFS this relies on the server's lock support)."""
+
+    capabilities = Capabilities(
+        pin=True, conditional_put=True, symlinks=True, modes=True, mtimes=True
+    )
+
+    def check_name(self, path: str) -> None:
+        return None
 
     def __init__(self, root: str, *, dir_fd: int | None = None) -> None:
         """Open ``root`` (or adopt ``dir_fd``, already open on it; the origin then owns it).
@@ -230,8 +250,8 @@ class PosixOrigin:
 
     # -- writes --------------------------------------------------------------------------
 
-    def _check_match(self, path: str, if_match: str | None) -> int | None:
-        """Check a put's precondition; return the current mode if the file exists."""
+    def _check_match(self, path: str, if_match: str | None) -> Entry | None:
+        """Check a put's precondition; return the current entry if something is there."""
         try:
             cur = self.stat(path)
         except NotFound:
@@ -241,11 +261,31 @@ class PosixOrigin:
         if cur.kind is Kind.DIR:
             raise IsADir(f"{path}: is a directory")
         if if_match is not None and cur.version != if_match:
-            raise Conflict(f"{path}: changed at the origin since it was opened")
-        return cur.mode
+            what = "exists" if if_match == "" else "changed at the origin since it was opened"
+            raise Conflict(f"{path}: {what}")
+        return cur
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
-        mode = self._check_match(path, if_match)
+    @contextlib.contextmanager
+    def _dir_locked(self, parent: str) -> Iterator[None]:
+        try:
+            fd = os.open(self._rel(parent), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._fd)
+        except OSError as exc:
+            raise from_oserror(exc, parent) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def put(
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+    ) -> Entry:
         parent = split(path)[0]
         tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         tmp = f"{parent}/{tmp_name}" if parent else tmp_name
@@ -259,16 +299,28 @@ class PosixOrigin:
             try:
                 with open(source, "rb") as src:
                     _copy_sparse(src.fileno(), dst)
-                os.fchmod(dst, 0o644 if mode is None else mode)
+                if mtime_ns is not None:
+                    os.utime(dst, ns=(mtime_ns, mtime_ns))
                 os.fsync(dst)
+                # the final mode is set before the file becomes visible (no window in which
+                # a private file is readable at the origin)
+                with self._dir_locked(parent):
+                    cur = self._check_match(path, if_match)
+                    if mode is None:
+                        keep = cur is not None and cur.kind is Kind.FILE
+                        mode = cur.mode if keep and cur is not None else 0o644
+                    os.fchmod(dst, stat.S_IMODE(mode))
+                    os.rename(tmp, self._rel(path), src_dir_fd=self._fd, dst_dir_fd=self._fd)
+                    st = os.fstat(dst)
             finally:
                 os.close(dst)
-            os.rename(tmp, self._rel(path), src_dir_fd=self._fd, dst_dir_fd=self._fd)
-        except OSError as exc:
+        except BaseException as exc:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=self._fd)
-            raise from_oserror(exc, path) from None
-        return self.stat(path)
+            if isinstance(exc, OSError) and not isinstance(exc, OriginError):
+                raise from_oserror(exc, path) from None
+            raise
+        return _entry(split(path)[1], st)
 
     def delete(self, path: str) -> None:
         try:

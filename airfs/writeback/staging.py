@@ -5,15 +5,28 @@ there, at local-disk speed, and every process on the node reads the staged bytes
 keyed by the path the file will be committed to (renames and deletions of staged files are
 local), so it is also the *pending state* the filesystem core merges into lookups and listings.
 
-States of a :class:`Staged` file:
+Versions. Each path has a :class:`PathState`: the origin version the next commit there
+replaces (``base``, *If-Match*), and the staged *versions* of the file, oldest first; the last
+one is what every process sees. A file that was closed (journaled) and is opened for writing
+again gets a new version (a copy, or empty with ``O_TRUNC``); the closed version stays
+untouched and journaled until the new one is itself closed, then its record is deleted in the
+same journal transaction that writes the new one. So a crash at any moment leaves the last
+closed version intact and committable, never a torn rewrite (the rewrite's bytes are kept in
+``recovered/``). At most one version of a path is uploaded at a time, always the newest closed
+one; when it lands, ``base`` becomes its version and the versions before it are dropped.
 
-* ``writers > 0``: open for writing;
+A :class:`Staged` version is:
+
+* open for writing while ``writers > 0``;
 * ``dirty`` (``gen != committed_gen``): has content the origin does not have; once closed it has
-  a journal record (``seq`` set) and the uploader commits it;
-* clean and unreferenced: dropped (its file deleted) by :meth:`StagingArea.release`.
+  a journal record (``seq``) describing exactly its bytes (``closed_version``);
+* dropped (its file deleted) by :meth:`StagingArea.release` once clean or superseded and
+  unreferenced.
 
-Space: dirty bytes are never evicted. :meth:`StagingArea.reserve` makes a writer wait for commits
-to free space when the area is over its limit, then fail with ENOSPC.
+Every state change that must survive a crash is journaled by the method that makes it, in the
+same call. Counters never go negative (checked). Space: dirty bytes are never evicted;
+:meth:`StagingArea.reserve` makes a writer wait for commits to free space, then fail with
+ENOSPC. Sizes are counted in allocated bytes, so a sparse file costs what it stores.
 """
 
 from __future__ import annotations
@@ -23,53 +36,138 @@ import errno
 import itertools
 import logging
 import os
-import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
 
-from .journal import Journal, Record
+from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
+class PathState:
+    """One file's versions and what it replaces at the origin (moves with renames)."""
+
+    path: str | None
+    base: str | None
+    versions: list[Staged] = field(default_factory=list)
+    uploading: Staged | None = None
+    #: files kept from a crash: an older closed version that may have landed at the origin
+    priors: list[str] = field(default_factory=list)
+
+    @property
+    def live(self) -> Staged | None:
+        return self.versions[-1] if self.versions else None
+
+    def candidate(self) -> Staged | None:
+        """The version to commit next: the newest closed one, if nothing is uploading."""
+        if self.uploading is not None or self.path is None:
+            return None
+        for v in reversed(self.versions):
+            if v.closed_version and v.dirty:
+                return v
+        return None
+
+
+@dataclass(eq=False)
 class Staged:
-    """One staged file. ``path`` is where it commits to (None once deleted)."""
+    """One staged version of a file."""
 
     id: str
-    path: str | None
     file: str
     fd: int
-    base_version: str | None
     mode: int
     mtime_ns: int
     size: int
+    ps: PathState | None = None
     writers: int = 0
     #: open handles (readers and writers) that use this staged content
     refs: int = 0
     gen: int = 1
     committed_gen: int = 0
+    #: journaled when set; ``journaled_gen`` is the generation the record describes
     seq: int | None = None
+    journaled_gen: int = 0
     first_pending_ns: int = 0
-    uploading: bool = False
     upload_done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None
     error_transient: bool = True
     attempts: int = 0
     next_try: float = 0.0
-    #: generation a commit has been asked for by fsync (uploaded even while open)
+    #: a commit has been asked for by fsync/flush (committed before the rest)
     urgent: bool = False
+    #: the newer version that made this one unnecessary (barriers follow it)
+    replaced_by: Staged | None = None
+    #: (path, kept copy) after this version lost a conflict at the origin
+    conflict: tuple[str, str] | None = None
+
+    @property
+    def path(self) -> str | None:
+        return self.ps.path if self.ps is not None else None
+
+    @property
+    def base_version(self) -> str | None:
+        return self.ps.base if self.ps is not None else None
+
+    @property
+    def uploading(self) -> bool:
+        return self.ps is not None and self.ps.uploading is self
 
     @property
     def dirty(self) -> bool:
         return self.gen != self.committed_gen
 
+    @property
+    def closed_version(self) -> bool:
+        """Journaled and not written since: its bytes are what its record describes."""
+        return self.seq is not None and self.journaled_gen == self.gen
+
+    def failed_since(self, attempts: int) -> bool:
+        """Failed, for a reason retrying will not fix, in an attempt made after the count
+        was ``attempts`` (the one rule fsync, flush and unmount share)."""
+        return (
+            self.error is not None
+            and not self.error_transient
+            and self.attempts > attempts
+            and not self.uploading
+        )
+
     def touch(self) -> None:
         self.gen += 1
         self.mtime_ns = time.time_ns()
+
+
+def _set_xattr(fd: int, name: str, value: bytes) -> None:
+    with contextlib.suppress(OSError):  # unsupported on this filesystem: the journal still is
+        os.setxattr(fd, name, value)
+
+
+def _remove_record_xattr(st: Staged) -> None:
+    """Before a record is deleted from the journal (so that a crash in between never looks
+    like a lost record)."""
+    with contextlib.suppress(OSError):
+        os.removexattr(st.fd, RECORD_XATTR)
+
+
+def _copy_file(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes of ``src`` into empty ``dst`` (in the kernel where possible)."""
+    off = 0
+    while off < size:
+        try:
+            n = os.copy_file_range(src, dst, min(64 << 20, size - off), off, off)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            data = os.pread(src, min(8 << 20, size - off), off)
+            n = os.pwrite(dst, data, off) if data else 0
+        if n == 0:
+            break
+        off += n
+    os.ftruncate(dst, size)
 
 
 class StagingArea:
@@ -80,101 +178,196 @@ class StagingArea:
         self.recovered_dir = os.path.join(cache_dir, "recovered")
         self.conflicts_dir = os.path.join(cache_dir, "conflicts")
         for d in (self.dir, self.recovered_dir, self.conflicts_dir):
-            os.makedirs(d, exist_ok=True)
-        self.journal = Journal(os.path.join(cache_dir, "journal"))
+            os.makedirs(d, mode=0o700, exist_ok=True)
+        self.journal_dir = os.path.join(cache_dir, "journal")
+        self.journal = Journal(self.journal_dir)
         self.limit = limit
         self.min_free = min_free
-        self.by_path: dict[str, Staged] = {}
-        #: every live staged file, including deleted ones still open and those mid-upload
+        self.paths: dict[str, PathState] = {}
+        #: every staged version, including deleted ones still open and superseded ones
+        #: still uploading or read
         self.all: dict[str, Staged] = {}
         self._changed = trio.Event()
         self._seq = itertools.count(int(time.time() * 1000))
         self.bytes = 0
+        #: closed files whose journal record could not be written (disk full): retried
+        self.unjournaled: set[Staged] = set()
+        #: called with a path whose commit may have become possible (the uploader's queue)
+        self.on_ready: Callable[[PathState], None] = lambda ps: None
 
-    # -- creation and recovery -------------------------------------------------------------
+    # -- creation --------------------------------------------------------------------------
 
-    def create(self, path: str, base_version: str | None, mode: int) -> Staged:
-        """A new, empty staged file for ``path`` (replacing any staged file there)."""
+    def _new_file(self, path: str) -> Staged:
         sid = uuid.uuid4().hex
         file = os.path.join(self.dir, sid)
         fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        st = Staged(sid, path, file, fd, base_version, mode, time.time_ns(), 0)
-        self._bind(st)
+        _set_xattr(fd, PATH_XATTR, path.encode("utf-8", "surrogateescape"))
+        st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
+        self.all[sid] = st
         return st
 
-    def _bind(self, st: Staged) -> None:
-        old = self.by_path.get(st.path) if st.path is not None else None
-        if old is not None and old is not st:
-            self.discard(old)
-        if st.path is not None:
-            self.by_path[st.path] = st
-        self.all[st.id] = st
+    def create(self, path: str, base_version: str | None, mode: int) -> Staged:
+        """A new, empty file at ``path`` replacing what is staged there (which is
+        discarded); its commit replaces origin version ``base_version``."""
+        old = self.paths.get(path)
+        if old is not None:
+            self.discard_path(old)
+        ps = PathState(path, base_version)
+        st = self._new_file(path)
+        st.mode = mode
+        st.ps = ps
+        ps.versions.append(st)
+        self.paths[path] = ps
+        return st
 
-    def recover(self) -> list[Staged]:
-        """Rebuild the area from the journal after a restart: every journaled file becomes
-        pending again. Staging files without a record (open for writing when the daemon died)
-        are moved to ``recovered/`` and reported, never deleted."""
-        recs = {r.id: r for r in self.journal.records()}
-        out = []
-        for rec in sorted(recs.values(), key=lambda r: r.seq):
-            file = os.path.join(self.dir, rec.id)
-            try:
-                fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
-            except FileNotFoundError:
-                log.error("journal names %s for %s but its staging file is gone", rec.id, rec.path)
-                self.journal.delete(rec.id)
-                continue
-            size = os.fstat(fd).st_size
-            st = Staged(
-                rec.id,
-                rec.path,
-                file,
-                fd,
-                rec.base_version,
-                rec.mode,
-                rec.mtime_ns,
-                size,
-                seq=rec.seq,
-                first_pending_ns=rec.first_pending_ns,
-            )
-            self.bytes += size
-            self._bind(st)
-            out.append(st)
-        for name in os.listdir(self.dir):
-            if name not in recs:
-                dst = os.path.join(self.recovered_dir, f"{name}.{int(time.time())}")
-                shutil.move(os.path.join(self.dir, name), dst)
-                log.warning(
-                    "a file was open for writing when the daemon stopped; its staged bytes "
-                    "are kept in %s",
-                    dst,
-                )
-        return out
+    def adopt(self, ps: PathState, st: Staged) -> None:
+        """Bind a recovered version (see :mod:`airfs.writeback.recovery`)."""
+        assert ps.path is not None
+        st.ps = ps
+        ps.versions.append(st)
+        self.paths[ps.path] = ps
+        self.all[st.id] = st
+        self.bytes += self._allocated(st)
+        if st.seq is not None:
+            self._seq = itertools.count(max(next(self._seq), st.seq + 1))
+
+    async def _new_version(self, st: Staged, *, copy: bool) -> Staged:
+        """A new version after live version ``st`` (a copy of its bytes when ``copy``),
+        appended once complete (readers never see a partial copy)."""
+        ps = st.ps
+        assert ps is not None and ps.path is not None
+        new = self._new_file(ps.path)
+        new.mode = st.mode
+        st.refs += 1  # not dropped while we copy it (its commit may end meanwhile)
+        try:
+            if copy and st.size:
+                await self.reserve(new, st.size, 0)
+                await trio.to_thread.run_sync(_copy_file, st.fd, new.fd, st.size)
+                new.size = st.size
+                self.bytes += self._allocated(new)
+        except BaseException:
+            self._drop(new)
+            raise
+        finally:
+            st.refs -= 1
+        if ps.live is not st or ps.path is None:
+            self._drop(new)  # deleted or replaced while we copied
+            self.release(st)
+            raise OSError(errno.ENOENT, f"{ps.path}: removed while being opened")
+        new.mtime_ns = st.mtime_ns if copy else time.time_ns()
+        new.ps = ps
+        ps.versions.append(new)
+        self.release(st)  # committed meanwhile: no longer needed
+        return new
+
+    async def open_write(self, st: Staged, *, truncate: bool) -> Staged:
+        """Open live version ``st`` for writing; returns the version to write into. A closed
+        version (journaled, not written since) or one being uploaded is never written
+        again: a new version takes its place."""
+        if st.writers == 0 and (st.closed_version or st.uploading):
+            st = await self._new_version(st, copy=not truncate)
+        elif truncate and st.size:
+            self.truncate(st, 0)
+        st.writers += 1
+        return st
+
+    async def fork(self, st: Staged) -> Staged:
+        """``st`` is a closed version that is still open for writing (written again after
+        ``close()`` of one of its descriptors, or after ``fsync``): its writers move to a
+        copy, so the journaled bytes stay as they were."""
+        if st.ps is None or st.ps.live is not st:
+            return st  # deleted while open: nothing will commit it, write in place
+        new = await self._new_version(st, copy=True)
+        new.writers, st.writers = st.writers, 0
+        return new
+
+    def close_writer(self, st: Staged) -> None:
+        """One writer of ``st`` closed. The last one journals its content (it survives a daemon
+        crash from here on)."""
+        if st.writers <= 0:
+            raise AssertionError(f"staged {st.id}: writer count would go negative")
+        st.writers -= 1
+        if st.writers == 0:
+            self.journal_closed(st)
+
+    def journal_closed(self, st: Staged) -> None:
+        """Record ``st`` as closed with content to commit (no-op if it is clean, deleted, or
+        already journaled at this generation); the older versions it supersedes are dropped
+        in the same journal transaction (but one being uploaded, until its upload ends)."""
+        ps = st.ps
+        if ps is None or ps.path is None or not st.dirty or st.closed_version:
+            return
+        seq = next(self._seq) if st.seq is None else st.seq
+        first = time.time_ns() if st.seq is None else st.first_pending_ns
+        older = ps.versions[: ps.versions.index(st)]
+        drop = [v for v in older if not v.uploading]
+        rec = Record(st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first)
+        try:
+            self.journal.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
+        except OSError:
+            self.unjournaled.add(st)  # tried again by retry_journal(); the bytes stay staged
+            raise
+        self.unjournaled.discard(st)
+        st.seq, st.first_pending_ns, st.journaled_gen = seq, first, st.gen
+        if drop:
+            st.first_pending_ns = min(v.first_pending_ns or first for v in [st, *drop])
+        _set_xattr(st.fd, RECORD_XATTR, rec.encode())
+        for v in drop:
+            _remove_record_xattr(v)
+            v.seq = None
+            v.replaced_by = st
+            self._unlink_version(v)
+        self.on_ready(ps)
+
+    def _record(self, st: Staged) -> Record:
+        assert st.ps is not None and st.ps.path is not None and st.seq is not None
+        ps = st.ps
+        return Record(
+            st.id, ps.path, ps.base, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
+        )
+
+    def _rejournal(self, versions: Iterable[Staged]) -> None:
+        sts = [v for v in versions if v.seq is not None and v.path is not None]
+        if sts:
+            recs = [self._record(v) for v in sts]
+            self.journal.write(puts=recs)
+            for v, rec in zip(sts, recs, strict=True):
+                _set_xattr(v.fd, RECORD_XATTR, rec.encode())
 
     # -- lookups ---------------------------------------------------------------------------
 
     def get(self, path: str) -> Staged | None:
-        return self.by_path.get(path)
+        """The live staged version at ``path`` (what every process sees), if any."""
+        ps = self.paths.get(path)
+        return ps.live if ps is not None else None
 
     def children(self, dir_path: str) -> list[Staged]:
-        """Staged files directly inside directory ``dir_path``."""
+        """Live staged files directly inside directory ``dir_path``."""
         prefix = f"{dir_path}/" if dir_path else ""
         return [
-            st
-            for p, st in self.by_path.items()
-            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+            live
+            for p, ps in self.paths.items()
+            if p.startswith(prefix) and "/" not in p[len(prefix) :] and (live := ps.live)
         ]
 
     def under(self, dir_path: str) -> list[Staged]:
-        """Staged files anywhere under ``dir_path`` (all of them for the root)."""
-        if not dir_path:
-            return list(self.by_path.values())
-        prefix = dir_path + "/"
-        return [st for p, st in self.by_path.items() if p == dir_path or p.startswith(prefix)]
+        """Live staged files anywhere under ``dir_path`` (all of them for the root)."""
+        prefix = dir_path + "/" if dir_path else ""
+        return [
+            live
+            for p, ps in self.paths.items()
+            if (not dir_path or p == dir_path or p.startswith(prefix)) and (live := ps.live)
+        ]
+
+    def versions(self, st: Staged) -> list[Staged]:
+        """The versions of ``st``'s file, oldest first (``[st]`` if it was deleted)."""
+        return list(st.ps.versions) if st.ps is not None else [st]
 
     # -- changes ---------------------------------------------------------------------------
 
     def write(self, st: Staged, offset: int, data: bytes) -> int:
+        if st.closed_version and st.path is not None:
+            raise AssertionError(f"staged {st.id}: a closed version is never written")
         n = os.pwrite(st.fd, data, offset)
         end = offset + n
         if end > st.size:
@@ -184,21 +377,41 @@ class StagingArea:
         return n
 
     def truncate(self, st: Staged, size: int) -> None:
+        if st.closed_version and st.path is not None:
+            raise AssertionError(f"staged {st.id}: a closed version is never truncated")
+        before = self._allocated(st)
         os.ftruncate(st.fd, size)
-        self.bytes += size - st.size
         st.size = size
+        self.bytes += self._allocated(st) - before
         st.touch()
+
+    def set_attrs(self, st: Staged, *, mode: int | None, mtime_ns: int | None) -> None:
+        """chmod/utime of a staged file: kept through its commit (journaled at once). A mode
+        applies to every version; an mtime to the live one (what was set)."""
+        for v in self.versions(st):
+            if mode is not None:
+                v.mode = mode
+        if mtime_ns is not None:
+            st.mtime_ns = mtime_ns
+        self._rejournal(self.versions(st))
+
+    @staticmethod
+    def _allocated(st: Staged) -> int:
+        try:
+            return min(st.size, os.fstat(st.fd).st_blocks * 512)
+        except OSError:
+            return st.size
 
     async def reserve(self, st: Staged, end: int, wait_s: float) -> None:
         """Wait until growing ``st`` to ``end`` bytes fits the space limits; ENOSPC after
         ``wait_s`` seconds of waiting for commits to free space."""
         grow = end - st.size
-        if grow <= 0 or self._fits(grow):
+        if grow <= 0 or await self._fits(grow):
             return
         with trio.move_on_after(wait_s):
             while True:
                 ev = self.change_event()
-                if self._fits(grow):
+                if await self._fits(grow):
                     return
                 await ev.wait()
         raise OSError(
@@ -206,91 +419,179 @@ class StagingArea:
             f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)",
         )
 
-    def _fits(self, grow: int) -> bool:
+    async def _fits(self, grow: int) -> bool:
         if self.bytes + grow > self.limit:
             return False
+        if grow < (1 << 20) and self.min_free == 0:
+            return True
         try:
-            sv = os.statvfs(self.dir)
+            sv = await trio.to_thread.run_sync(os.statvfs, self.dir)
         except OSError:
             return True
         return sv.f_bavail * sv.f_frsize - grow >= self.min_free
 
-    def journal_closed(self, st: Staged) -> None:
-        """Record that ``st`` is closed with content to commit (survives a daemon crash once
-        this returns)."""
-        if st.path is None or not st.dirty:
-            return
-        if st.seq is None:
-            st.seq = next(self._seq)
-            st.first_pending_ns = time.time_ns()
-        self.journal.put(
-            Record(
-                st.id, st.path, st.base_version, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
-            )
-        )
-
-    def move(self, old: str, new: str) -> None:
-        """Rename staged files at ``old`` (or under it, for a directory) to ``new``."""
-        for p in [p for p in self.by_path if p == new or p.startswith(new + "/")]:
-            self.discard(self.by_path[p])
-        moved = [st for p, st in self.by_path.items() if p == old or p.startswith(old + "/")]
-        for st in moved:
-            assert st.path is not None
-            del self.by_path[st.path]
-        for st in moved:
-            assert st.path is not None
-            st.path = new + st.path[len(old) :]
-            self.by_path[st.path] = st
-            if st.seq is not None:
-                self.journal_closed(st)
+    def move(self, old: str, new: str, *, rebase: bool = False, base: str | None = None) -> None:
+        """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was
+        staged at or under ``new`` is discarded. With ``rebase``, ``base`` is the origin
+        version the file moved to ``new`` now replaces. Journaled in one transaction."""
+        for p in [p for p in self.paths if p == new or p.startswith(new + "/")]:
+            self.discard_path(self.paths[p])
+        moved = [ps for p, ps in self.paths.items() if p == old or p.startswith(old + "/")]
+        for ps in moved:
+            assert ps.path is not None
+            del self.paths[ps.path]
+        changed: list[Staged] = []
+        for ps in moved:
+            assert ps.path is not None
+            ps.path = new + ps.path[len(old) :]
+            self.paths[ps.path] = ps
+            if rebase and ps.path == new:
+                ps.base = base
+            for v in ps.versions:
+                _set_xattr(v.fd, PATH_XATTR, ps.path.encode("utf-8", "surrogateescape"))
+                changed.append(v)
+        self._rejournal(changed)
 
     def discard(self, st: Staged) -> None:
-        """``st`` was deleted or replaced: it will never be committed."""
-        if st.path is not None and self.by_path.get(st.path) is st:
-            del self.by_path[st.path]
-        st.path = None
-        if st.seq is not None:
-            self.journal.delete(st.id)
-            st.seq = None
-        st.committed_gen = st.gen
-        self.release(st)
+        """``st``'s file was deleted or replaced: none of its versions will be committed."""
+        if st.ps is not None:
+            self.discard_path(st.ps)
+        else:
+            self._drop(st)
 
-    def mark_committed(self, st: Staged, gen: int) -> None:
-        """The origin has generation ``gen`` of ``st``."""
+    def discard_path(self, ps: PathState) -> None:
+        if ps.path is not None and self.paths.get(ps.path) is ps:
+            del self.paths[ps.path]
+        journaled = [v for v in ps.versions if v.seq is not None]
+        for v in journaled:
+            _remove_record_xattr(v)
+        self.journal.write(deletes=[v.id for v in journaled])
+        ps.path = None
+        for v in list(ps.versions):
+            v.seq = None
+            v.committed_gen = v.gen
+            if not v.uploading:
+                self._unlink_version(v)
+        self.notify()
+
+    def mark_committed(self, st: Staged, gen: int, version: str) -> None:
+        """The origin has generation ``gen`` of ``st`` as ``version``: the next commit of its
+        file replaces ``version``; older versions are dropped; ``st`` too unless it is what
+        every process sees."""
         st.committed_gen = max(st.committed_gen, gen)
         st.error = None
         st.attempts = 0
-        if not st.dirty and st.seq is not None:
-            self.journal.delete(st.id)
+        ps = st.ps
+        if ps is None:
+            return
+        ps.base = version
+        i = ps.versions.index(st) if st in ps.versions else -1
+        done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
+        newer = ps.versions[i + 1 :]
+        journaled = [v for v in done if v.seq is not None]
+        for v in journaled:
+            _remove_record_xattr(v)
+        self.journal.write(
+            puts=[self._record(v) for v in newer if v.seq is not None],
+            deletes=[v.id for v in journaled],
+        )
+        for v in newer:
+            if v.seq is not None:
+                _set_xattr(v.fd, RECORD_XATTR, self._record(v).encode())
+        for v in done:
+            v.seq = None
+            if v is not st:
+                v.replaced_by = st
+        if not st.dirty:
             st.seq = None
+        for v in done:
+            if v is not ps.live:
+                v.committed_gen = v.gen
+                self._unlink_version(v)
+        self._drop_priors(ps)
+        if newer:
+            self.on_ready(ps)
         self.notify()
+
+    def _unlink_version(self, v: Staged) -> None:
+        """Take ``v`` out of its file's versions (it will never be committed) and drop it
+        once unreferenced."""
+        ps = v.ps
+        if ps is not None and v in ps.versions:
+            ps.versions.remove(v)
+            if not ps.versions and ps.path is not None and self.paths.get(ps.path) is ps:
+                del self.paths[ps.path]
+        v.ps = None
+        self.release(v)
+
+    def _drop_priors(self, ps: PathState) -> None:
+        for f in ps.priors:
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+        ps.priors.clear()
+
+    def upload_finished(self, ps: PathState, st: Staged) -> None:
+        """The uploader is done with ``st`` (whatever the outcome)."""
+        if ps.uploading is st:
+            ps.uploading = None
+        st.upload_done.set()
+        if ps.path is None and st.ps is ps:
+            self._unlink_version(st)  # its file was deleted while it was uploaded
+        else:
+            self.release(st)
+        if ps.path is not None:
+            self.on_ready(ps)
+        self.notify()
+
+    def _drop(self, st: Staged) -> None:
+        st.committed_gen = st.gen
+        st.ps = None
+        self.release(st)
 
     def release(self, st: Staged) -> bool:
         """Drop ``st`` (delete its file) if it is clean, closed and unreferenced."""
-        if st.dirty or st.writers or st.refs or st.uploading:
+        if st.writers < 0 or st.refs < 0:
+            raise AssertionError(f"staged {st.id}: negative count ({st.writers}, {st.refs})")
+        if st.writers or st.refs or st.uploading:
             return False
-        if st.path is not None and self.by_path.get(st.path) is st:
-            del self.by_path[st.path]
+        ps = st.ps
+        if ps is not None and st in ps.versions:
+            if st.dirty:
+                return False  # still to be committed
+            ps.versions.remove(st)
+            if ps.path is not None and self.paths.get(ps.path) is ps and not ps.versions:
+                del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
+        self.bytes -= self._allocated(st)
         os.close(st.fd)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(st.file)
-        self.bytes -= st.size
         self.notify()
         return True
 
-    def set_aside(self, st: Staged, reason: str) -> str:
-        """Keep ``st``'s bytes in ``conflicts/`` (a commit lost a race at the origin)."""
+    def conflict_copy(self, st: Staged) -> str:
+        """Where to keep ``st``'s bytes after it lost a conflict (``conflicts/``, 0600)."""
         safe = (st.path or st.id).replace("/", "__")
-        dst = os.path.join(self.conflicts_dir, f"{safe}.{int(time.time())}.{st.id[:8]}")
-        shutil.copyfile(st.file, dst)
-        log.error("commit of %s set aside in %s: %s", st.path, dst, reason)
-        return dst
+        return os.path.join(self.conflicts_dir, f"{safe}.{int(time.time())}.{st.id[:8]}")
+
+    def lost(self, st: Staged, path: str, kept: str) -> None:
+        """``st`` lost a conflict at ``path``; its bytes are in ``kept``: forget it."""
+        st.conflict = (path, kept)
+        if st.seq is not None:
+            _remove_record_xattr(st)
+            self.journal.write(deletes=(st.id,))
+            st.seq = None
+        st.committed_gen = st.gen
+        ps = st.ps
+        if ps is not None and ps.live is st and len(ps.versions) == 1:
+            self.discard_path(ps)  # the origin's version is what the path shows now
+        else:
+            self._unlink_version(st)
 
     def notify(self) -> None:
-        """Wake every task waiting in :meth:`wait_change` (uploader, writers waiting for
-        space, flush)."""
+        """Wake every task waiting for a change (uploader, writers waiting for space,
+        barriers)."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -298,6 +599,69 @@ class StagingArea:
         """An event set at the next :meth:`notify`. Take it *before* checking a condition,
         then ``await ev.wait()`` if the condition is not met (no missed wake-ups)."""
         return self._changed
+
+    def retry_journal(self) -> None:
+        """Write the records that failed before (called periodically by the daemon)."""
+        for st in list(self.unjournaled):
+            if st.writers or st.path is None:
+                self.unjournaled.discard(st)
+                continue
+            try:
+                self.journal_closed(st)
+            except OSError as exc:
+                log.error("%s: still cannot journal its close: %s", st.path, exc)
+                return
+
+    async def wait_committed(
+        self,
+        targets: list[tuple[Staged, int]],
+        on_progress: Callable[[dict[str, object]], None] | None = None,
+    ) -> int:
+        """Ask for each ``(staged, generation)`` to be committed and wait for all of them (a
+        version replaced by a newer one is followed to it). Raises ``OSError`` (EIO) naming
+        the files that cannot be committed (a non-transient failure) or that lost a
+        conflict, with where their bytes are kept; waits through transient failures (cancel
+        the caller to give up). Returns the count."""
+        start = {st.id: st.attempts for st, _ in targets}
+        for st, _gen in targets:
+            if st.error is not None:
+                st.next_try = 0.0  # a barrier makes a fresh attempt at once
+            st.urgent = True
+            if st.ps is not None:
+                self.on_ready(st.ps)
+        last = 0.0
+        while True:
+            ev = self.change_event()
+            now_targets = []
+            for st, g in targets:
+                while st.replaced_by is not None:
+                    st, g = st.replaced_by, st.replaced_by.journaled_gen or st.replaced_by.gen
+                    st.urgent = True
+                    start.setdefault(st.id, st.attempts)
+                now_targets.append((st, g))
+            lost = [st for st, _ in now_targets if st.conflict is not None]
+            left = [
+                (st, g)
+                for st, g in now_targets
+                if st.path is not None and st.committed_gen < g and st.conflict is None
+            ]
+            hard = [st for st, _ in left if st.failed_since(start[st.id])]
+            if hard or (lost and not left):
+                raise OSError(errno.EIO, _failure(hard, lost))
+            if not left:
+                return len(targets)
+            now = time.monotonic()
+            if on_progress is not None and now - last >= 0.5:
+                last = now
+                on_progress(
+                    {
+                        "left": len(left),
+                        "total": len(targets),
+                        "bytes_left": sum(s.size for s, _ in left),
+                    }
+                )
+            with trio.move_on_after(1.0):
+                await ev.wait()
 
     def pending(self) -> list[Staged]:
         return [st for st in self.all.values() if st.dirty and st.path is not None]
@@ -307,3 +671,17 @@ class StagingArea:
             with contextlib.suppress(OSError):
                 os.close(st.fd)
         self.journal.close()
+
+
+def _failure(hard: list[Staged], lost: list[Staged]) -> str:
+    parts = []
+    if lost:
+        kept = "; ".join(f"{c[0]} -> {c[1]}" for st in lost[:5] if (c := st.conflict))
+        parts.append(
+            f"{len(lost)} file(s) lost a conflict with another version at the origin; "
+            f"their bytes are kept: {kept}"
+        )
+    if hard:
+        names = ", ".join(str(st.path) for st in hard[:5])
+        parts.append(f"{len(hard)} file(s) cannot be committed ({names}): {hard[0].error}")
+    return "; ".join(parts)

@@ -1,0 +1,155 @@
+"""Recovery at start: rebuild the staging area from the journal and the staging files.
+
+Contract (nothing closed is ever silently dropped):
+
+* every journaled file becomes pending again, in its original order; of two closed versions of
+  one path (a rewrite closed while the previous version was being committed) the newer is
+  committed, and the older is kept until then to recognise it should it have landed;
+* a staging file with no record (open for writing when the daemon died) is moved to
+  ``recovered/<its path>`` and reported;
+* a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
+  is missing from the journal means the journal was deleted, emptied or damaged: start is
+  refused with :class:`~airfs.writeback.journal.JournalDamaged` naming the way out, unless
+  ``rebuild`` is set, in which case the journal is rebuilt from those copies;
+* a record whose staging file is gone is reported (its bytes cannot be committed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from .journal import PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
+from .staging import PathState, Staged, StagingArea
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What recovery found (logged, and shown by ``airfs status``)."""
+
+    replayed: int = 0
+    recovered: tuple[str, ...] = ()
+    rebuilt: int = 0
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _xattr(path: str, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name)
+    except OSError:
+        return None
+
+
+def open_area(
+    cache_dir: str, *, limit: int, min_free: int, rebuild: bool, hint: str = ""
+) -> StagingArea:
+    """The staging area of ``cache_dir``. A journal that cannot even be opened (truncated,
+    not LMDB) is refused with the way out; with ``rebuild`` it is moved aside
+    (``journal.damaged.<time>``) and :func:`recover` rebuilds a new one from the staging
+    files."""
+    try:
+        return StagingArea(cache_dir, limit=limit, min_free=min_free)
+    except JournalDamaged as exc:
+        if not rebuild:
+            raise JournalDamaged(
+                f"{exc}; nothing was changed. Rebuild it from the staging files: "
+                f"{hint or 'mount with --rebuild-journal'}"
+            ) from None
+        aside = os.path.join(cache_dir, f"journal.damaged.{int(time.time())}")
+        os.rename(os.path.join(cache_dir, "journal"), aside)
+        log.warning("damaged journal moved to %s; rebuilding it: %s", aside, exc)
+        return StagingArea(cache_dir, limit=limit, min_free=min_free)
+
+
+def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> RecoveryReport:
+    """Rebuild ``area`` after a restart (see the module docstring). ``hint`` completes the
+    refusal message with the command that rebuilds the journal."""
+    records = {r.id: r for r in area.journal.records()}
+    names = sorted(os.listdir(area.dir))
+    orphans: dict[str, Record] = {}
+    for name in names:
+        if name in records:
+            continue
+        raw = _xattr(os.path.join(area.dir, name), RECORD_XATTR)
+        if raw is None:
+            continue
+        try:
+            orphans[name] = Record.decode(raw)
+        except (ValueError, TypeError):
+            continue
+    if orphans and not rebuild:
+        raise JournalDamaged(
+            f"the journal in {area.journal_dir} has lost the records of {len(orphans)} closed "
+            f"file(s) waiting for their commit (deleted, emptied or damaged); nothing was "
+            f"changed. Rebuild it from the staging files: {hint or 'mount with --rebuild-journal'}"
+        )
+    if orphans:
+        area.journal.write(puts=orphans.values())
+        records.update(orphans)
+        log.warning("journal rebuilt from %d staging file(s)", len(orphans))
+    missing = []
+    replayed: list[Staged] = []
+    by_path: dict[str, list[Record]] = {}
+    for rec in sorted(records.values(), key=lambda r: r.seq):
+        by_path.setdefault(rec.path, []).append(rec)
+    for path, recs in by_path.items():
+        # the newest closed version is the file; older ones (a rewrite closed while the
+        # previous version was being committed) are kept only to recognise them at the origin
+        *older, rec = recs
+        ps = PathState(path, rec.base_version)
+        for o in older:
+            f = os.path.join(area.dir, o.id)
+            with contextlib.suppress(OSError):
+                os.removexattr(f, RECORD_XATTR)
+            area.journal.delete(o.id)
+            if os.path.exists(f):
+                ps.priors.append(f)
+        file = os.path.join(area.dir, rec.id)
+        try:
+            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            log.error("journal names %s for %s but its staging file is gone", rec.id, rec.path)
+            missing.append(rec.path)
+            area.journal.delete(rec.id)
+            continue
+        st = Staged(
+            rec.id,
+            file,
+            fd,
+            rec.mode,
+            rec.mtime_ns,
+            os.fstat(fd).st_size,
+            seq=rec.seq,
+            first_pending_ns=rec.first_pending_ns,
+        )
+        st.journaled_gen = st.gen
+        area.adopt(ps, st)
+        replayed.append(st)
+    keep = set(records) | {os.path.basename(f) for ps in area.paths.values() for f in ps.priors}
+    recovered = []
+    for name in names:
+        if name in keep:
+            continue
+        src = os.path.join(area.dir, name)
+        raw_path = _xattr(src, PATH_XATTR)
+        rel = raw_path.decode("utf-8", "surrogateescape") if raw_path else name
+        if not rel or ".." in rel.split("/"):
+            rel = name
+        dst = os.path.join(area.recovered_dir, rel.lstrip("/"))
+        if os.path.lexists(dst):
+            dst = f"{dst}.{int(time.time())}.{name[:8]}"
+        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+        shutil.move(src, dst)
+        recovered.append(dst)
+        log.warning(
+            "%s was open for writing when the daemon stopped; its staged bytes are kept in %s",
+            rel,
+            dst,
+        )
+    return RecoveryReport(len(replayed), tuple(recovered), len(orphans), tuple(missing))
