@@ -455,6 +455,8 @@ class S3Origin:
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._raw = raw
+        self._put_attrs: dict[str, tuple[int, int]] = {}
+        self._attrs_lock = threading.Lock()
         self._conditional = conditional_writes
         self._probe_lock = threading.Lock()
         self.single_put_max = single_put_max
@@ -624,14 +626,31 @@ class S3Origin:
         return f"{self.prefix}/{path}" if self.prefix else path
 
     def _file_entry(self, name: str, meta: Mapping[str, Any]) -> Entry:
+        etag = meta.get("e_tag") or ""
+        seen = self._put_attrs.get(etag)
+        mtime_ns, mode = seen or (_ns(meta.get("last_modified")) or time.time_ns(), 0o644)
         return Entry(
             name=name,
             kind=Kind.FILE,
             size=int(meta["size"]),
-            mtime_ns=_ns(meta.get("last_modified")),
-            mode=0o644,
-            version=meta.get("e_tag") or "",
+            mtime_ns=mtime_ns,
+            mode=mode,
+            version=etag,
         )
+
+    def _remember_attrs(self, etag: str, mode: int | None, mtime_ns: int | None) -> None:
+        """The mode and mtime of an object this process put (S3 keeps neither): served for
+        that exact version while the process runs, so a file's attributes do not change by
+        themselves when it is committed. Bounded."""
+        if not etag or (mode is None and mtime_ns is None):
+            return
+        with self._attrs_lock:
+            self._put_attrs[etag] = (
+                mtime_ns if mtime_ns is not None else time.time_ns(),
+                0o644 if mode is None else mode & 0o7777,
+            )
+            while len(self._put_attrs) > 100_000:
+                self._put_attrs.pop(next(iter(self._put_attrs)))
 
     def _dir_entry(self, name: str) -> Entry:
         return Entry(name, Kind.DIR, 0, self._dir_mtime_ns, 0o755, "")
@@ -881,15 +900,17 @@ class S3Origin:
         if self._is_dir(path):
             raise IsADir(f"{where}: is a directory")
         single = size <= self.single_put_max
-        mode: Any = None
+        put_mode: Any = None
         if if_match is not None:
             if single and self.conditional_writes():
-                mode = "create" if if_match == "" else {"e_tag": if_match}
+                put_mode = "create" if if_match == "" else {"e_tag": if_match}
             else:
                 self._check_precondition(path, if_match)
         try:
             if single:
-                res = obstore.put(self._store, path, Path(source), mode=mode, use_multipart=False)
+                res = obstore.put(
+                    self._store, path, Path(source), mode=put_mode, use_multipart=False
+                )
             else:
                 # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
                 part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
@@ -908,10 +929,13 @@ class S3Origin:
                 raise Conflict(f"{where}: {what}") from None
             raise err from None
         etag = res.get("e_tag") or ""
+        self._remember_attrs(etag, mode, mtime_ns)
         meta = self._head(path)
         if meta is not None and (meta.get("e_tag") or "") == etag:
             return self._file_entry(split(path)[1], meta)
-        return Entry(split(path)[1], Kind.FILE, size, time.time_ns(), 0o644, etag)
+        return self._file_entry(
+            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}
+        )
 
     def delete(self, path: str) -> None:
         where = self._where(path)
@@ -1026,7 +1050,47 @@ class S3Origin:
         raise NotSupported(f"{self._where(path)}: symbolic links are not supported on S3 origins")
 
     def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        return self.stat(path)
+        """S3 stores neither: kept for this version while the process runs (see
+        :meth:`_remember_attrs`)."""
+        entry = self.stat(path)
+        if entry.kind is Kind.FILE and (mode is not None or mtime_ns is not None):
+            self._remember_attrs(
+                entry.version,
+                entry.mode if mode is None else mode,
+                entry.mtime_ns if mtime_ns is None else mtime_ns,
+            )
+            entry = self.stat(path)
+        return entry
+
+    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort the multipart uploads under this origin's prefix started more than
+        ``older_than_s`` seconds ago (left behind by a daemon that was killed mid-upload;
+        S3 keeps, and bills, their parts forever). Returns how many were aborted. Needs the
+        signing client (else 0)."""
+        if self._raw is None:
+            return 0
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        root = ET.fromstring(
+            self._raw.request("GET", None, self.url, {"uploads": "", "prefix": prefix})
+        )
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
+        aborted = 0
+        for el in root:
+            if el.tag.rpartition("}")[2] != "Upload":
+                continue
+            fields = {f.tag.rpartition("}")[2]: (f.text or "") for f in el}
+            key, upload_id = fields.get("Key"), fields.get("UploadId")
+            when = fields.get("Initiated", "").replace("Z", "+00:00")
+            try:
+                started = dt.datetime.fromisoformat(when)
+            except ValueError:
+                continue
+            if not key or not upload_id or started > cutoff:
+                continue
+            with contextlib.suppress(OriginError):
+                self._raw.request("DELETE", key, self.url, {"uploadId": upload_id})
+                aborted += 1
+        return aborted
 
     def close(self) -> None:
         pass
