@@ -144,7 +144,7 @@ class MemoryOrigin:
             if if_match is not None and (cur.version if cur else "") != if_match:
                 raise Conflict(f"{path}: changed since it was opened")
             if mode is None:
-                mode = cur.mode if cur else 0o644
+                mode = cur.mode if cur is not None and cur.kind is Kind.FILE else 0o644
             o = self._new(Kind.FILE, data=bytes(data), mode=mode & 0o7777)
             if mtime_ns is not None:
                 o.mtime_ns = mtime_ns
