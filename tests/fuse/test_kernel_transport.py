@@ -15,6 +15,7 @@ import pwd
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,7 +52,10 @@ def test_status_reports_what_was_negotiated(kvolume: Volume) -> None:
         assert flag in fuse["flags"]
     assert fuse["max_write"] == fuse["max_pages"] * 4096 >= 128 << 10
     assert "negotiated" in kvolume.m.log.read_text()
-    # the readahead is raised once INIT is answered
+    # the readahead is raised once INIT is answered (by a task that runs after it: wait)
+    deadline = time.monotonic() + 20
+    while kvolume.m.status()["read_ahead_kb"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert kvolume.m.status()["read_ahead_kb"] == 1024
 
 
