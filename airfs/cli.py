@@ -20,6 +20,7 @@ from typing import Any
 
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
+from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(i?b?)\s*$", re.IGNORECASE)
 
@@ -84,6 +85,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         write_wait=args.write_wait,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
+        fuse=args.fuse,
         rebuild_journal=args.rebuild_journal,
     )
 
@@ -340,6 +342,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     )
     if wb.get("last_error"):
         print(f"last error   {wb['last_error']}")
+    fuse = st.get("fuse") or {}
+    if fuse:
+        extra = ""
+        if fuse.get("protocol"):
+            extra = (
+                f" {fuse['protocol']}, requests up to {_human(fuse['max_write'])}, passthrough "
+                f"{'on' if fuse.get('passthrough') else 'off'}; {' '.join(fuse['flags'])}"
+            )
+        print(f"fuse         {fuse.get('transport')}{extra}")
     return 0
 
 
@@ -474,6 +485,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a writer waits for staging space before ENOSPC (default 30)",
     )
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
+    m.add_argument(
+        "--fuse",
+        choices=TRANSPORTS,
+        default=DEFAULT_TRANSPORT,
+        help=f"FUSE transport: airfs's own kernel-protocol loop, or libfuse through pyfuse3 "
+        f"(default {DEFAULT_TRANSPORT})",
+    )
     m.add_argument(
         "--rebuild-journal",
         action="store_true",

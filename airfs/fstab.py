@@ -8,9 +8,9 @@
 ORIGIN is a directory, ``s3://BUCKET[/PREFIX]``, or the mountpoint itself (overlay in place).
 ``-o`` options are ``airfs mount`` options with underscores (``cache_dir=``, ``cache_size=``,
 ``staging_size=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``, ``s3_region=``, ``s3_path_style``,
-``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``debug``); generic mount options
-(``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``, ``x-systemd.*``...) are accepted and
-ignored. Install it with ``mount/install.sh``.
+``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``, ``debug``); generic mount
+options (``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``, ``x-systemd.*``...) are
+accepted and ignored. Install it with ``mount/install.sh``.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ _VALUED = {
     "s3_endpoint",
     "s3_region",
     "drain_timeout",
+    "fuse",
 }
 _FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug"}
 _IGNORED = {

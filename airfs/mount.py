@@ -23,7 +23,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import pyfuse3
 import trio
 
 from airfs.build import build
@@ -32,7 +31,8 @@ from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
-from airfs.fuse.ops import FuseOps
+from airfs.fuse import DEFAULT_TRANSPORT
+from airfs.fuse.transport import Transport, TransportError, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
@@ -68,6 +68,8 @@ class MountConfig:
     #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
     emulate_latency: float = 0.0
     emulate_bandwidth: int | None = None
+    #: how requests reach the core: "pyfuse3" (libfuse) or "kernel" (airfs's own transport)
+    fuse: str = DEFAULT_TRANSPORT
     #: rebuild a lost or damaged journal from the staging files' own records
     rebuild_journal: bool = False
 
@@ -191,6 +193,7 @@ class Daemon:
         self.origin: AsyncOrigin
         self.prefetcher: BackgroundPrefetch
         self.read_ahead = False
+        self.transport: Transport | None = None
 
     # -- control operations -----------------------------------------------------------------
 
@@ -208,6 +211,7 @@ class Daemon:
             "writeback": self.uploader.statistics().to_dict(),
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics(),
+            "fuse": self.transport.statistics() if self.transport is not None else None,
         }
 
     async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]:
@@ -305,20 +309,26 @@ class Daemon:
             self.origin, self.readpath, resolve=self.fs.origin_entry
         )
         initialized = trio.Event()
-        ops = FuseOps(self.fs, cfg.ttl, on_init=initialized.set)
         fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")
-        options = {"fsname=" + fsname, "subtype=airfs", "default_permissions"}
-        if _allow_other(cfg):
-            options.add("allow_other")
-        if cfg.debug:
-            options.add("debug")
-        # Everything that touches the mountpoint path happens before init: once mounted, a
-        # stat of it would wait for this very process to answer.
+        try:
+            self.transport = transport = make_transport(
+                cfg.fuse,
+                self.fs,
+                cfg.ttl,
+                fsname=fsname,
+                allow_other=_allow_other(cfg),
+                debug=cfg.debug,
+                on_init=initialized.set,
+            )
+        except TransportError as exc:
+            raise MountError(str(exc)) from None
+        # Everything that touches the mountpoint path happens before the mount: once mounted,
+        # a stat of it would wait for this very process to answer.
         control = ControlServer(self, socket_path(cfg.mountpoint))
         try:
-            pyfuse3.init(ops, cfg.mountpoint, options)
-        except RuntimeError as exc:
-            raise MountError(f"cannot mount on {cfg.mountpoint}: {exc}") from None
+            transport.mount(cfg.mountpoint)
+        except TransportError as exc:
+            raise MountError(str(exc)) from None
         code = 0
         try:
             async with trio.open_nursery() as nursery:
@@ -337,7 +347,7 @@ class Daemon:
                     nursery.start_soon(_set_when, self.fuse_done, wait_scope)
                     await self.stop_requested.wait()
                 if not self.fuse_done.is_set():
-                    pyfuse3.terminate()
+                    transport.terminate()
                     await self.fuse_done.wait()
                 else:
                     log.info("unmounted externally; committing pending writes")
@@ -345,8 +355,7 @@ class Daemon:
                 code = 0 if result.get("drained") else 3
                 nursery.cancel_scope.cancel()
         finally:
-            with contextlib.suppress(Exception):
-                pyfuse3.close(unmount=True)
+            transport.close()
         return code
 
     async def _raise_read_ahead(self, initialized: trio.Event) -> None:
@@ -362,8 +371,9 @@ class Daemon:
                 return
 
     async def _fuse_main(self) -> None:
+        assert self.transport is not None
         try:
-            await pyfuse3.main()
+            await self.transport.main()
         finally:
             self.fuse_done.set()
 

@@ -120,10 +120,14 @@ def mount(
     env: dict[str, str] | None = None,
     timeout: float = 60,
 ) -> Mounted:
-    """Run ``airfs mount``; raise ``RuntimeError`` with its stderr and the log if it fails."""
+    """Run ``airfs mount``; raise ``RuntimeError`` with its stderr and the log if it fails.
+    ``--fuse $AIRFS_TEST_FUSE`` is added when that variable is set (and ``args`` has none)."""
     cmd = [*airfs_cmd(), "mount", "--cache-dir", str(cache_dir), "--quiet"]
     if origin is not None:
         cmd += ["--origin", origin]
+    transport = os.environ.get("AIRFS_TEST_FUSE")
+    if transport and "--fuse" not in args:
+        cmd += ["--fuse", transport]
     cmd += [*args, str(mountpoint)]
     full_env = {**os.environ, **(env or {})}
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=full_env)

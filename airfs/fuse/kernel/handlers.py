@@ -1,0 +1,296 @@
+"""The request handlers of the kernel transport: unpack a request's arguments, call the core
+exactly as the pyfuse3 adapter does, pack the reply (``OSError`` propagates to the session,
+which answers ``-errno``). No file-system state lives here; the only bookkeeping is the backing
+id of each passthrough open, closed at its RELEASE.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from airfs.core.attrs import Attr
+from airfs.core.fs import Filesystem
+
+from . import proto
+from .negotiate import Negotiated
+from .passthrough import close_backing, open_backing
+from .proto import BadRequest, Op, Request
+
+log = logging.getLogger(__name__)
+
+Payload = bytes | list[bytes]
+#: returned by handlers of requests that take no reply (FORGET, BATCH_FORGET)
+NO_REPLY: Any = object()
+
+
+class Handlers:
+    """Mixed into :class:`~.session.Session`, which sets these attributes."""
+
+    fd: int
+    fs: Filesystem
+    ttl: float
+    negative_ttl: float
+    minor: int
+    negotiated: Negotiated | None
+    counts: dict[str, int]
+    _backing_ids: dict[int, int]
+    _passthrough_fd: Callable[[int], int | None] | None
+
+    def handler_table(self) -> dict[int, Callable[[Request], Coroutine[Any, Any, Any]]]:
+        """The handler of each opcode served through the core (others: see the session)."""
+        return {
+            Op.LOOKUP: self._lookup,
+            Op.GETATTR: self._getattr,
+            Op.SETATTR: self._setattr,
+            Op.READLINK: self._readlink,
+            Op.SYMLINK: self._symlink,
+            Op.MKNOD: self._eperm,
+            Op.LINK: self._eperm,
+            Op.MKDIR: self._mkdir,
+            Op.UNLINK: self._unlink,
+            Op.RMDIR: self._rmdir,
+            Op.RENAME: self._rename,
+            Op.RENAME2: self._rename,
+            Op.OPEN: self._open,
+            Op.CREATE: self._create,
+            Op.READ: self._read,
+            Op.WRITE: self._write,
+            Op.FLUSH: self._flush,
+            Op.RELEASE: self._release,
+            Op.FSYNC: self._fsync,
+            Op.OPENDIR: self._opendir,
+            Op.READDIR: self._readdir,
+            Op.READDIRPLUS: self._readdir,
+            Op.RELEASEDIR: self._releasedir,
+            Op.FSYNCDIR: self._ok,
+            Op.STATFS: self._statfs,
+            Op.GETXATTR: self._getxattr,
+            Op.LISTXATTR: self._listxattr,
+            Op.FORGET: self._forget,
+            Op.BATCH_FORGET: self._batch_forget,
+        }
+
+    def _entry(self, a: Attr) -> bytes:
+        return proto.entry_out(a, self.ttl, self.ttl)
+
+    # -- handlers (unpack, call the core, pack) ------------------------------------------------
+
+    async def _lookup(self, req: Request) -> Payload:
+        nm = proto.name(req.body)
+        try:
+            return self._entry(await self.fs.lookup(req.nodeid, nm))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT and self.negative_ttl > 0:
+                return proto.negative_entry(self.negative_ttl)
+            raise
+
+    async def _forget(self, req: Request) -> Any:
+        (n,) = proto.unpack(proto.FORGET_IN, req.body, "FORGET")
+        self.fs.forget([(req.nodeid, n)])
+        return NO_REPLY
+
+    async def _batch_forget(self, req: Request) -> Any:
+        count, _ = proto.unpack(proto.BATCH_FORGET_IN, req.body, "BATCH_FORGET")
+        body = req.body
+        off = proto.BATCH_FORGET_IN.size
+        count = min(count, (len(body) - off) // proto.FORGET_ONE.size)
+        items = [proto.FORGET_ONE.unpack_from(body, off + i * 16) for i in range(count)]
+        self.fs.forget(items)
+        return NO_REPLY
+
+    async def _getattr(self, req: Request) -> Payload:
+        return proto.attr_out(await self.fs.getattr(req.nodeid), self.ttl)
+
+    async def _setattr(self, req: Request) -> Payload:
+        f = proto.unpack(proto.SETATTR_IN, req.body, "SETATTR")
+        valid, fh, size, mtime, mtimensec, mode = f[0], f[2], f[3], f[6], f[9], f[11]
+        mtime_ns: int | None = None
+        if valid & proto.FATTR_MTIME_NOW:
+            mtime_ns = time.time_ns()
+        elif valid & proto.FATTR_MTIME:
+            mtime_ns = mtime * 1_000_000_000 + mtimensec
+        a = await self.fs.setattr(
+            req.nodeid,
+            size=size if valid & proto.FATTR_SIZE else None,
+            mode=mode if valid & proto.FATTR_MODE else None,
+            mtime_ns=mtime_ns,
+            fh=fh if valid & proto.FATTR_FH else None,
+        )
+        return proto.attr_out(a, self.ttl)
+
+    async def _readlink(self, req: Request) -> Payload:
+        return os.fsencode(await self.fs.readlink(req.nodeid))
+
+    async def _symlink(self, req: Request) -> Payload:
+        nm, target = proto.names(req.body, 2)
+        return self._entry(await self.fs.symlink(req.nodeid, nm, target))
+
+    async def _eperm(self, req: Request) -> Payload:
+        raise OSError(errno.EPERM, "hard links, device nodes, FIFOs and sockets are not supported")
+
+    async def _mkdir(self, req: Request) -> Payload:
+        mode, _umask = proto.unpack(proto.MKDIR_IN, req.body, "MKDIR")
+        nm = proto.name(req.body, proto.MKDIR_IN.size)
+        return self._entry(await self.fs.mkdir(req.nodeid, nm, mode))
+
+    async def _unlink(self, req: Request) -> Payload:
+        await self.fs.unlink(req.nodeid, proto.name(req.body))
+        return b""
+
+    async def _rmdir(self, req: Request) -> Payload:
+        await self.fs.rmdir(req.nodeid, proto.name(req.body))
+        return b""
+
+    async def _rename(self, req: Request) -> Payload:
+        if req.opcode == Op.RENAME2:
+            newdir, flags, _ = proto.unpack(proto.RENAME2_IN, req.body, "RENAME2")
+            off = proto.RENAME2_IN.size
+        else:
+            (newdir,) = proto.unpack(proto.RENAME_IN, req.body, "RENAME")
+            flags, off = 0, proto.RENAME_IN.size
+        old, new = proto.names(req.body, 2, off)
+        if flags & ~(proto.RENAME_NOREPLACE | proto.RENAME_EXCHANGE):
+            raise OSError(errno.EINVAL, f"rename flags {flags:#x} are not supported")
+        await self.fs.rename(
+            req.nodeid,
+            old,
+            newdir,
+            new,
+            noreplace=bool(flags & proto.RENAME_NOREPLACE),
+            exchange=bool(flags & proto.RENAME_EXCHANGE),
+        )
+        return b""
+
+    async def _open(self, req: Request) -> Payload:
+        flags, _ = proto.unpack(proto.OPEN_IN, req.body, "OPEN")
+        fh, keep = await self.fs.open(req.nodeid, flags)
+        out = proto.FOPEN_KEEP_CACHE if keep else 0
+        if flags & os.O_ACCMODE == os.O_RDONLY:
+            out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
+        backing = self._backing(fh)
+        if backing is None:
+            return proto.open_out(fh, out)
+        # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
+        out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
+        # the opener looks the id up after our reply: it stays registered until RELEASE
+        self._backing_ids[fh] = backing
+        self.counts["passthrough_opens"] += 1
+        return proto.open_out(fh, out, backing)
+
+    def _backing(self, fh: int) -> int | None:
+        """A backing id for handle ``fh`` when passthrough was negotiated and the core names a
+        local file holding all of the handle's bytes; None to serve it through the daemon."""
+        if self._passthrough_fd is None or self.negotiated is None:
+            return None
+        if not self.negotiated.passthrough:
+            return None
+        fd = self._passthrough_fd(fh)
+        if fd is None:
+            return None
+        try:
+            return open_backing(self.fd, fd)
+        except OSError as exc:
+            log.warning("passthrough refused (%s); serving through the daemon", exc)
+            return None
+
+    def _close_backing(self, backing: int) -> None:
+        try:
+            close_backing(self.fd, backing)
+        except OSError as exc:
+            log.warning("closing backing id %d: %s", backing, exc)
+
+    async def _create(self, req: Request) -> Payload:
+        flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
+        nm = proto.name(req.body, proto.CREATE_IN.size)
+        fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
+        return [self._entry(a), proto.open_out(fh, 0)]
+
+    async def _read(self, req: Request) -> Payload:
+        fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READ")
+        return await self.fs.read(fh, off, size)
+
+    async def _write(self, req: Request) -> Payload:
+        size_in = proto.WRITE_IN.size if self.minor >= 9 else proto.FUSE_COMPAT_WRITE_IN_SIZE
+        if len(req.body) < size_in:
+            raise BadRequest(f"WRITE: {len(req.body)} bytes")
+        fh, off, size = proto.WRITE_IN.unpack_from(req.body.ljust(proto.WRITE_IN.size, b"\0"))[:3]
+        data = req.body[size_in : size_in + size]
+        if len(data) != size:
+            raise BadRequest(f"WRITE of {size} bytes carries {len(data)}")
+        return proto.write_out(await self.fs.write(fh, off, data))
+
+    async def _flush(self, req: Request) -> Payload:
+        (fh, *_) = proto.unpack(proto.FLUSH_IN, req.body, "FLUSH")
+        await self.fs.flush(fh)
+        return b""
+
+    async def _release(self, req: Request) -> Payload:
+        (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
+        backing = self._backing_ids.pop(fh, None)
+        if backing is not None:
+            self._close_backing(backing)
+        await self.fs.release(fh)
+        return b""
+
+    async def _fsync(self, req: Request) -> Payload:
+        (fh, *_) = proto.unpack(proto.FSYNC_IN, req.body, "FSYNC")
+        await self.fs.fsync(fh)
+        return b""
+
+    async def _ok(self, req: Request) -> Payload:
+        return b""
+
+    async def _opendir(self, req: Request) -> Payload:
+        return proto.open_out(await self.fs.opendir(req.nodeid), 0)
+
+    async def _readdir(self, req: Request) -> Payload:
+        fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READDIR")
+        plus = req.opcode == Op.READDIRPLUS
+        parts: list[bytes] = []
+        used = 0
+
+        def emit(nm: str, attr: Attr, next_id: int) -> bool:
+            nonlocal used
+            b = os.fsencode(nm)
+            rec = (
+                proto.direntplus(attr, next_id, b, self.ttl)
+                if plus
+                else proto.dirent(attr.ino, next_id, b, attr.mode)
+            )
+            if used + len(rec) > size:
+                return False
+            parts.append(rec)
+            used += len(rec)
+            return True
+
+        await self.fs.readdir(fh, off, emit)
+        return parts
+
+    async def _releasedir(self, req: Request) -> Payload:
+        (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASEDIR")
+        self.fs.releasedir(fh)
+        return b""
+
+    async def _statfs(self, req: Request) -> Payload:
+        s = await self.fs.statfs()
+        return proto.statfs_out(
+            bsize=s.block_size,
+            blocks=s.total_blocks,
+            bfree=s.free_blocks,
+            bavail=s.free_blocks,
+            files=s.total_files,
+            ffree=s.free_files,
+            namelen=255,
+        )
+
+    async def _getxattr(self, req: Request) -> Payload:
+        raise OSError(errno.ENODATA, "no extended attributes")
+
+    async def _listxattr(self, req: Request) -> Payload:
+        size, _ = proto.unpack(proto.GETXATTR_IN, req.body, "LISTXATTR")
+        return proto.GETXATTR_OUT.pack(0, 0) if size == 0 else b""

@@ -1,0 +1,335 @@
+"""The request loop of the kernel transport: read /dev/fuse, drive the core, write replies.
+
+How requests are served (no task per request that the core answers from memory):
+
+* one *leader* task owns the device: it reads every request that is ready (non-blocking
+  reads until ``EAGAIN``, then ``wait_readable``) and starts each one's handler coroutine
+  inline, in its own task;
+* a handler that finishes without waiting (a lookup or getattr within the TTL, a read of a
+  staged file, release, forget, statfs...) has replied before the next request is looked at;
+* a handler that must wait (origin I/O, staging space, locks) keeps the task it started in:
+  that task becomes the request's worker and a new leader task takes over the device and the
+  rest of the batch. A coroutine is never moved between tasks, so trio's per-task state
+  (cancel scopes, parking lots) stays right.
+
+Each handler unpacks the request, calls the core exactly as the pyfuse3 adapter does and
+packs the reply; ``OSError`` becomes ``-errno``, anything else is logged and answered with EIO;
+a malformed request gets EINVAL and never stops the loop. ``FUSE_INTERRUPT`` cancels the
+interrupted request's cancel scope (it then answers EINTR). Replies go out with ``os.writev``.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import types
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any
+
+import trio
+
+from airfs.core.fs import Filesystem
+
+from . import proto
+from .handlers import NO_REPLY, Handlers, Payload
+from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
+from .proto import BadRequest, Op, Request
+
+log = logging.getLogger(__name__)
+
+#: most requests taken from the device before the batch is served
+BATCH = 64
+
+
+class Unmounted(Exception):
+    """The device reported that the file system is gone (ENODEV)."""
+
+
+@types.coroutine
+def _resume(coro: Coroutine[Any, Any, None], first: Any) -> Generator[Any, Any, None]:
+    """Continue ``coro`` (which yielded ``first`` to trio in this same task) to its end,
+    passing trio's answers in and its traps out."""
+    yielded = first
+    while True:
+        try:
+            sent = yield yielded
+        except BaseException as exc:  # cancellation and the like go to the coroutine
+            try:
+                yielded = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                yielded = coro.send(sent)
+            except StopIteration:
+                return
+
+
+class Session(Handlers):
+    """Serve one mounted file system from ``fd`` (an open /dev/fuse, set non-blocking here).
+
+    ``ttl`` is the entry/attribute timeout given to the kernel (and the negative-entry timeout
+    when ``negative_ttl`` is None). ``on_init`` runs once the INIT reply is written.
+    :meth:`run` returns when the file system is unmounted (or DESTROY arrives) or is cancelled.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        fs: Filesystem,
+        ttl: float,
+        *,
+        on_init: Callable[[Negotiated], None] | None = None,
+        pages_limit: int = 256,
+        passthrough: bool = False,
+        negative_ttl: float | None = None,
+    ) -> None:
+        self.fd = fd
+        self.fs = fs
+        self.ttl = ttl
+        self.negative_ttl = ttl if negative_ttl is None else negative_ttl
+        self.on_init = on_init
+        self.pages_limit = pages_limit
+        self.passthrough = passthrough and hasattr(fs, "passthrough_fd")
+        self.negotiated: Negotiated | None = None
+        self.minor = proto.KERNEL_MINOR
+        self._buf = bytearray(read_buffer_size(pages_limit))
+        self._view = memoryview(self._buf)
+        self._scopes: dict[int, trio.CancelScope] = {}
+        self._done = trio.Event()
+        self._nursery: trio.Nursery | None = None
+        self.counts = {
+            "requests": 0,
+            "inline": 0,
+            "tasks": 0,
+            "interrupts": 0,
+            "errors": 0,
+            "passthrough_opens": 0,
+        }
+        #: backing ids of passthrough opens, by file handle (closed at RELEASE)
+        self._backing_ids: dict[int, int] = {}
+        #: the core's "local backing file" query, when it has one (see :meth:`_backing`)
+        self._passthrough_fd: Callable[[int], int | None] | None = getattr(
+            fs, "passthrough_fd", None
+        )
+        self._handlers = self.handler_table()
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def statistics(self) -> dict[str, Any]:
+        neg = self.negotiated.as_dict() if self.negotiated is not None else {"transport": "kernel"}
+        return {**neg, **self.counts}
+
+    async def run(self) -> None:
+        os.set_blocking(self.fd, False)
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                nursery.start_soon(self._lead, [])
+                await self._done.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._nursery = None
+
+    def stop(self) -> None:
+        """Stop serving (outstanding requests are cancelled; the caller unmounts)."""
+        self._done.set()
+
+    def _read_ready(self) -> list[bytes]:
+        batch: list[bytes] = []
+        while len(batch) < BATCH:
+            try:
+                n = os.readv(self.fd, [self._buf])
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:  # interrupted before we read it
+                    continue
+                if exc.errno == errno.ENODEV:
+                    raise Unmounted from None
+                raise
+            if n == 0:  # end of file: only a socket stands in for /dev/fuse like that
+                raise Unmounted
+            batch.append(bytes(self._view[:n]))
+        return batch
+
+    async def _lead(self, backlog: list[bytes]) -> None:
+        """Own the device: read batches and serve them, until a request must wait (then
+        hand the device to a new leader and finish that request here)."""
+        batch = backlog
+        while True:
+            if not batch:
+                try:
+                    batch = self._read_ready()
+                except Unmounted:
+                    log.info("file system unmounted")
+                    self._done.set()
+                    return
+                if not batch:
+                    await trio.lowlevel.wait_readable(self.fd)
+                    continue
+            for i, raw in enumerate(batch):
+                self.counts["requests"] += 1
+                coro = self._serve(raw)
+                try:
+                    first = coro.send(None)
+                except StopIteration:
+                    self.counts["inline"] += 1
+                    continue
+                self.counts["tasks"] += 1
+                assert self._nursery is not None
+                self._nursery.start_soon(self._lead, batch[i + 1 :])
+                await _resume(coro, first)
+                return
+            batch = []
+            await trio.lowlevel.checkpoint()
+
+    async def _serve(self, raw: bytes) -> None:
+        """Serve one request to its reply; never raises (except cancellation of the session)."""
+        try:
+            req = proto.decode_request(raw)
+        except BadRequest as exc:
+            self.counts["errors"] += 1
+            log.warning("dropping a garbled request: %s", exc)
+            if len(raw) >= 16:
+                unique = int.from_bytes(raw[8:16], "little")
+                self._reply_error(unique, errno.EINVAL)
+            return
+        op = req.opcode
+        if op == Op.INTERRUPT:
+            self._interrupt(req)
+            return
+        if op == Op.INIT:
+            self._init(req)
+            return
+        if op == Op.DESTROY:
+            self._reply(req.unique, b"")
+            self._done.set()
+            return
+        handler = self._handlers.get(op)
+        if handler is None:
+            self._reply_error(req.unique, errno.ENOSYS)
+            return
+        with trio.CancelScope() as scope:
+            self._scopes[req.unique] = scope
+            try:
+                payload = await handler(req)
+            except OSError as exc:
+                code = exc.errno or errno.EIO
+                if code in (errno.EIO, errno.ENOSPC):
+                    log.error("%s: %s", _opname(op), exc)
+                else:
+                    log.debug("%s: %s", _opname(op), exc)
+                self._reply_error(req.unique, code)
+                return
+            except BadRequest as exc:
+                self.counts["errors"] += 1
+                log.warning("%s: malformed request: %s", _opname(op), exc)
+                self._reply_error(req.unique, errno.EINVAL)
+                return
+            except Exception:
+                log.exception("%s failed", _opname(op))
+                self._reply_error(req.unique, errno.EIO)
+                return
+            finally:
+                self._scopes.pop(req.unique, None)
+            if payload is not NO_REPLY:
+                self._reply(req.unique, payload)
+            return
+        # only reached when the scope was cancelled by FUSE_INTERRUPT
+        self._reply_error(req.unique, errno.EINTR)
+
+    def _interrupt(self, req: Request) -> None:
+        (target,) = proto.unpack(proto.INTERRUPT_IN, req.body, "INTERRUPT")
+        scope = self._scopes.get(target)
+        if scope is not None:
+            self.counts["interrupts"] += 1
+            scope.cancel()
+        # else: already answered (requests are started in the order they were read)
+
+    def _init(self, req: Request) -> None:
+        try:
+            init = InitIn.decode(req.body)
+            reply, neg = negotiate(init, pages_limit=self.pages_limit, passthrough=self.passthrough)
+        except InitError as exc:
+            log.error("INIT: %s", exc)
+            self._reply_error(req.unique, exc.errno)
+            self._done.set()
+            return
+        except BadRequest as exc:
+            log.error("INIT: %s", exc)
+            self._reply_error(req.unique, errno.EINVAL)
+            return
+        self.minor = int(neg.protocol.split(".")[1])
+        self.negotiated = neg
+        self._reply(req.unique, reply)
+        log.info(
+            "FUSE %s negotiated (kernel offers 7.%d): max_write %d, max_pages %d, "
+            "max_background %d, passthrough %s, flags %s",
+            neg.protocol,
+            init.minor,
+            neg.max_write,
+            neg.max_pages,
+            neg.max_background,
+            neg.passthrough,
+            " ".join(neg.flags),
+        )
+        if self.on_init is not None:
+            self.on_init(neg)
+
+    # -- replies -------------------------------------------------------------------------------
+
+    def _reply(self, unique: int, payload: Payload) -> None:
+        if isinstance(payload, list):
+            # one buffer when the parts are many (writev takes at most IOV_MAX of them)
+            parts = payload if len(payload) <= 8 else [b"".join(payload)]
+        else:
+            parts = [payload]
+        size = sum(len(p) for p in parts)
+        if not self._send([proto.out_header(unique, 0, size), *parts]):
+            # the kernel refused the reply (e.g. larger than asked): the caller gets EIO
+            # rather than waiting forever
+            self._send([proto.out_header(unique, -errno.EIO, 0)])
+
+    def _reply_error(self, unique: int, code: int) -> None:
+        self._send([proto.out_header(unique, -code, 0)])
+
+    def _send(self, parts: list[Any]) -> bool:
+        """Write one reply; False when the kernel refused it as malformed."""
+        try:
+            os.writev(self.fd, parts)
+        except OSError as exc:
+            # ENOENT: the request was interrupted and is gone; ENODEV: unmounted
+            if exc.errno in (errno.ENOENT, errno.ENODEV):
+                return True
+            log.error("writing a reply to /dev/fuse: %s", exc)
+            return False
+        return True
+
+    def notify(self, code: int, payload: bytes) -> bool:
+        """Send a notification (``unique`` 0); False if the kernel refused it."""
+        try:
+            os.writev(self.fd, [proto.out_header(0, code, len(payload)), payload])
+        except OSError as exc:
+            log.debug("notification %d: %s", code, exc)
+            return False
+        return True
+
+    def inval_inode(self, ino: int) -> bool:
+        """Drop the kernel's cached pages and attributes of ``ino``."""
+        return self.notify(proto.NOTIFY_INVAL_INODE_CODE, proto.inval_inode(ino))
+
+    def inval_entry(self, parent: int, name: str) -> bool:
+        """Drop the kernel's cached dentry ``name`` in ``parent``."""
+        payload = proto.inval_entry(parent, os.fsencode(name))
+        return self.notify(proto.NOTIFY_INVAL_ENTRY_CODE, payload)
+
+
+def _opname(op: int) -> str:
+    try:
+        return Op(op).name.lower()
+    except ValueError:
+        return f"opcode {op}"

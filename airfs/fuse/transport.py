@@ -1,0 +1,174 @@
+"""The two ways requests reach the core, behind one small interface the daemon drives:
+``mount()`` (before the loop: touches the mountpoint), ``await main()`` (serve until
+unmounted or terminated), ``terminate()``, ``close()`` (unmount), ``statistics()``.
+
+* ``kernel``: :mod:`airfs.fuse.kernel` (the FUSE protocol spoken directly on /dev/fuse);
+* ``pyfuse3``: :class:`airfs.fuse.ops.FuseOps` over libfuse (the fallback).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from airfs.core.fs import Filesystem
+from airfs.fuse import TRANSPORTS
+
+__all__ = ["TRANSPORTS", "Transport", "TransportError", "make_transport"]
+
+log = logging.getLogger(__name__)
+
+
+class TransportError(Exception):
+    """Mounting failed (one-line reason)."""
+
+
+class Transport(Protocol):
+    def mount(self, mountpoint: str) -> None: ...
+    async def main(self) -> None: ...
+    def terminate(self) -> None: ...
+    def close(self) -> None: ...
+    def statistics(self) -> dict[str, Any]: ...
+
+
+class Pyfuse3Transport:
+    """libfuse through pyfuse3 (options as libfuse spells them)."""
+
+    def __init__(
+        self,
+        fs: Filesystem,
+        ttl: float,
+        *,
+        fsname: str,
+        allow_other: bool,
+        debug: bool,
+        on_init: Callable[[], None],
+    ) -> None:
+        from airfs.fuse.ops import FuseOps
+
+        self.ops = FuseOps(fs, ttl, on_init=on_init)
+        self.options = {"fsname=" + fsname, "subtype=airfs", "default_permissions"}
+        if allow_other:
+            self.options.add("allow_other")
+        if debug:
+            self.options.add("debug")
+        self.mounted = False
+
+    def mount(self, mountpoint: str) -> None:
+        import pyfuse3
+
+        try:
+            pyfuse3.init(self.ops, mountpoint, self.options)
+        except RuntimeError as exc:
+            raise TransportError(f"cannot mount on {mountpoint}: {exc}") from None
+        self.mounted = True
+
+    async def main(self) -> None:
+        import pyfuse3
+
+        await pyfuse3.main()
+
+    def terminate(self) -> None:
+        import pyfuse3
+
+        pyfuse3.terminate()
+
+    def close(self) -> None:
+        import pyfuse3
+
+        if self.mounted:
+            self.mounted = False
+            with contextlib.suppress(Exception):
+                pyfuse3.close(unmount=True)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"transport": "pyfuse3"}
+
+
+class KernelTransport:
+    """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise)."""
+
+    def __init__(
+        self,
+        fs: Filesystem,
+        ttl: float,
+        *,
+        fsname: str,
+        allow_other: bool,
+        debug: bool,
+        on_init: Callable[[], None],
+    ) -> None:
+        from airfs.fuse.kernel import mount as kmount
+        from airfs.fuse.kernel.negotiate import max_pages_limit
+        from airfs.fuse.kernel.session import Session
+
+        self._kmount = kmount
+        self.fsname = fsname
+        self.allow_other = allow_other
+        self.mountpoint: str | None = None
+        self.fd: int | None = None
+        self.session = Session(
+            -1,
+            fs,
+            ttl,
+            on_init=lambda _neg: on_init(),
+            pages_limit=max_pages_limit(),
+            passthrough=kmount.has_cap_sys_admin(),
+        )
+        if debug:
+            logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)
+
+    def mount(self, mountpoint: str) -> None:
+        try:
+            self.fd = self._kmount.mount(
+                mountpoint, fsname=self.fsname, allow_other=self.allow_other
+            )
+        except (self._kmount.MountFailed, OSError) as exc:
+            raise TransportError(f"cannot mount on {mountpoint}: {exc}") from None
+        self.mountpoint = mountpoint
+        self.session.fd = self.fd
+
+    async def main(self) -> None:
+        await self.session.run()
+
+    def terminate(self) -> None:
+        self.session.stop()
+
+    def close(self) -> None:
+        if self.mountpoint is not None:
+            mp, self.mountpoint = self.mountpoint, None
+            try:
+                self._kmount.unmount(mp)
+            except self._kmount.MountFailed as exc:
+                log.error("%s", exc)
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def statistics(self) -> dict[str, Any]:
+        return self.session.statistics()
+
+
+def make_transport(
+    kind: str,
+    fs: Filesystem,
+    ttl: float,
+    *,
+    fsname: str,
+    allow_other: bool,
+    debug: bool,
+    on_init: Callable[[], None],
+) -> Transport:
+    """Build the transport named ``kind`` (one of :data:`TRANSPORTS`)."""
+    cls: type[KernelTransport] | type[Pyfuse3Transport]
+    if kind == "kernel":
+        cls = KernelTransport
+    elif kind == "pyfuse3":
+        cls = Pyfuse3Transport
+    else:
+        raise TransportError(f"unknown FUSE transport {kind!r} (use kernel or pyfuse3)")
+    return cls(fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init)

@@ -1,0 +1,297 @@
+"""Both FUSE transports in the default run.
+
+``test_semantics.py`` runs on the default transport; this module runs every one of its cases
+again on the other one (``AIRFS_TEST_FUSE``, which ``mountfix.mount`` turns into ``--fuse``),
+and adds what only the kernel transport does: negotiation reported in ``airfs status``, 1 MiB
+requests, no FLUSH for read-only handles, and a non-root mount through ``fusermount3``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from test_semantics import *  # noqa: F403  (the semantics suite, collected again here)
+
+from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
+from airfs.testing.fixtures import Volume
+from airfs.testing.mountfix import airfs_cmd, fuse_available, is_mounted
+
+OTHER = next(t for t in TRANSPORTS if t != DEFAULT_TRANSPORT)
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture(autouse=True)
+def _other_transport(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFS_TEST_FUSE", OTHER)
+
+
+@pytest.fixture
+def kvolume(make_volume: object, monkeypatch: pytest.MonkeyPatch) -> Volume:
+    monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")
+    return make_volume()  # type: ignore[operator]
+
+
+def test_status_reports_what_was_negotiated(kvolume: Volume) -> None:
+    fuse = kvolume.m.status()["fuse"]
+    assert fuse["transport"] == "kernel"
+    major, minor = (int(x) for x in fuse["protocol"].split("."))
+    assert major == 7 and minor >= 31
+    for flag in ("ASYNC_READ", "DO_READDIRPLUS", "PARALLEL_DIROPS", "MAX_PAGES"):
+        assert flag in fuse["flags"]
+    assert fuse["max_write"] == fuse["max_pages"] * 4096 >= 128 << 10
+    assert "negotiated" in kvolume.m.log.read_text()
+    # the readahead is raised once INIT is answered (by a task that runs after it: wait)
+    deadline = time.monotonic() + 20
+    while kvolume.m.status()["read_ahead_kb"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert kvolume.m.status()["read_ahead_kb"] == 1024
+
+
+def test_large_writes_arrive_as_large_requests(kvolume: Volume) -> None:
+    fuse = kvolume.m.status()["fuse"]
+    before = kvolume.m.status()["fs"]["ops"].get("write", 0)
+    data = os.urandom(8 << 20)
+    fd = os.open(kvolume.root / "big", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        assert os.write(fd, data) == len(data)
+    finally:
+        os.close(fd)
+    writes = kvolume.m.status()["fs"]["ops"]["write"] - before
+    assert writes <= (8 << 20) // fuse["max_write"] + 1
+    assert (kvolume.root / "big").read_bytes() == data
+
+
+def test_read_only_closes_send_no_flush(kvolume: Volume) -> None:
+    (kvolume.root / "f").write_bytes(b"abc")
+    ops = kvolume.m.status()["fs"]["ops"]
+    for _ in range(20):
+        with open(kvolume.root / "f", "rb") as f:
+            assert f.read() == b"abc"
+    after = kvolume.m.status()["fs"]["ops"]
+    assert after.get("flush", 0) == ops.get("flush", 0)
+    assert after["release"] >= ops.get("release", 0) + 20
+    # a written file's close still flushes (it is journaled then)
+    with open(kvolume.root / "g", "wb") as f:
+        f.write(b"x")
+    assert kvolume.m.status()["fs"]["ops"]["flush"] > after.get("flush", 0)
+
+
+# -- a non-root mount through fusermount3 ---------------------------------------------------------
+
+
+@pytest.fixture
+def user() -> Iterator[pwd.struct_passwd]:
+    if os.geteuid() != 0:
+        pytest.skip("creates a user (needs root)")
+    if shutil.which("useradd") is None:
+        pytest.skip("needs useradd")
+    name = f"airfskt{uuid.uuid4().hex[:8]}"
+    subprocess.run(["useradd", "-M", "-N", "-s", "/bin/sh", name], check=True)
+    try:
+        yield pwd.getpwnam(name)
+    finally:
+        subprocess.run(["userdel", name], capture_output=True)
+
+
+def _as(
+    pw: pwd.struct_passwd, args: list[str], env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        args, user=pw.pw_uid, group=pw.pw_gid, extra_groups=[], env=env, capture_output=True,
+        text=True, timeout=120,
+    )  # fmt: skip
+
+
+SCRIPT = """
+import os, sys, json
+root = sys.argv[1]
+with open(os.path.join(root, "seed.txt")) as f:
+    assert f.read() == "seed", "seed"
+with open(os.path.join(root, "new.bin"), "wb") as f:
+    f.write(b"n" * 300000)
+os.mkdir(os.path.join(root, "d"))
+os.rename(os.path.join(root, "new.bin"), os.path.join(root, "d", "moved.bin"))
+assert os.path.getsize(os.path.join(root, "d", "moved.bin")) == 300000
+print(json.dumps(sorted(os.listdir(root))))
+"""
+
+
+def test_non_root_mount_through_fusermount3(user: pwd.struct_passwd) -> None:
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    if not _interpreter_runs_as(user):
+        pytest.skip(
+            f"{sys.executable} cannot be run by other users (installed under a private home)"
+        )
+    base = Path(f"/tmp/airfs-kt-{uuid.uuid4().hex[:8]}")
+    for sub in ("", "origin", "mnt", "cache"):
+        (base / sub).mkdir(mode=0o755)
+        os.chown(base / sub, user.pw_uid, user.pw_gid)
+    (base / "origin" / "seed.txt").write_text("seed")
+    os.chown(base / "origin" / "seed.txt", user.pw_uid, user.pw_gid)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(base),
+        "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+    }
+    mnt = str(base / "mnt")
+    pid = None
+    try:
+        p = _as(user, [*airfs_cmd(), "mount", "--fuse", "kernel", "--origin", str(base / "origin"),
+                       "--cache-dir", str(base / "cache"), "--quiet", mnt], env)  # fmt: skip
+        assert p.returncode == 0, p.stderr + (base / "cache" / "airfs.log").read_text()
+        assert is_mounted(mnt)
+        st = _as(user, [*airfs_cmd(), "status", "--json", mnt], env)
+        assert st.returncode == 0, st.stderr
+        status = json.loads(st.stdout)
+        pid = int(status["pid"])
+        assert status["fuse"]["transport"] == "kernel" and not status["fuse"]["passthrough"]
+        r = _as(user, [sys.executable, "-c", SCRIPT, mnt], env)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == ["d", "seed.txt"]
+        u = _as(user, [*airfs_cmd(), "umount", mnt], env)
+        assert u.returncode == 0, u.stderr
+        assert not is_mounted(mnt)
+        assert (base / "origin" / "d" / "moved.bin").stat().st_size == 300000
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        if pid is not None and Path(f"/proc/{pid}").exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 15)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _interpreter_runs_as(pw: pwd.struct_passwd) -> bool:
+    try:
+        return _as(pw, [sys.executable, "-c", "0"], {}).returncode == 0
+    except PermissionError:
+        return False
+
+
+async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
+    """The fusermount3 path (``_FUSE_COMMFD`` fd passing) with a core served in this process;
+    the files are touched from worker threads so that this loop can answer them."""
+    import trio
+
+    from airfs.core.fs import Filesystem
+    from airfs.fuse.kernel import mount as kmount
+    from airfs.fuse.kernel.session import Session
+    from airfs.origin.aio import AsyncOrigin
+    from airfs.origin.posix import PosixOrigin
+    from airfs.readpath import DirectReadPath
+    from airfs.writeback.staging import StagingArea
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    (tmp_path / "origin").mkdir()
+    (tmp_path / "origin" / "a.txt").write_text("from the origin")
+    (tmp_path / "mnt").mkdir()
+    mnt = str(tmp_path / "mnt")
+    sync = PosixOrigin(str(tmp_path / "origin"))
+    origin = AsyncOrigin(sync)
+    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
+    fs = Filesystem(origin, DirectReadPath(origin), area, await origin.stat(""), ttl=1.0)
+    fd = kmount.mount(mnt, fsname="airfs-test", via="fusermount3")
+    session = Session(fd, fs, 1.0)
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run)
+            names = await trio.to_thread.run_sync(os.listdir, mnt)
+            text = await trio.to_thread.run_sync((tmp_path / "mnt" / "a.txt").read_text)
+            await trio.to_thread.run_sync((tmp_path / "mnt" / "b.txt").write_text, "new")
+            size = (await trio.to_thread.run_sync(os.stat, tmp_path / "mnt" / "b.txt")).st_size
+            assert names == ["a.txt"] and text == "from the origin" and size == 3
+            assert session.negotiated is not None and session.negotiated.max_write >= 128 << 10
+            await trio.to_thread.run_sync(lambda: kmount.unmount(mnt, via="fusermount3"))
+            with trio.fail_after(10):
+                await session._done.wait()  # the loop sees the unmount (ENODEV) and ends
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
+        os.close(fd)
+        area.close()
+        sync.close()
+
+
+async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None:
+    """The kernel side of passthrough: a core that names a local file for a handle (here a
+    test subclass answering for read-only opens of a directory origin, standing in for the
+    core's cache-file query) gets FOPEN_PASSTHROUGH opens whose reads and mmap never reach
+    the daemon."""
+    import mmap
+
+    import trio
+
+    from airfs.core.fs import Filesystem
+    from airfs.fuse.kernel import mount as kmount
+    from airfs.fuse.kernel.session import Session
+    from airfs.origin.aio import AsyncOrigin
+    from airfs.origin.posix import PosixOrigin
+    from airfs.readpath import DirectReadPath
+    from airfs.writeback.staging import StagingArea
+
+    if not fuse_available() or not kmount.has_cap_sys_admin():
+        pytest.skip("passthrough needs /dev/fuse and CAP_SYS_ADMIN")
+    odir = tmp_path / "origin"
+    odir.mkdir()
+    data = os.urandom(3 << 20)
+    (odir / "data.bin").write_bytes(data)
+    (tmp_path / "mnt").mkdir()
+    mnt = str(tmp_path / "mnt")
+
+    class LocalBytes(Filesystem):
+        def passthrough_fd(self, fh: int) -> int | None:
+            h = self.handles[fh]
+            if h.writable or h.node.path is None:
+                return None
+            fd = os.open(odir / h.node.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.fds.append(fd)
+            return fd
+
+    sync = PosixOrigin(str(odir))
+    origin = AsyncOrigin(sync)
+    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
+    fs = LocalBytes(origin, DirectReadPath(origin), area, await origin.stat(""), ttl=1.0)
+    fs.fds = []  # type: ignore[attr-defined]
+    fd = kmount.mount(mnt, fsname="airfs-test", via="mount2")
+    session = Session(fd, fs, 1.0, passthrough=True)
+
+    def read_and_map() -> tuple[bytes, bytes]:
+        with open(tmp_path / "mnt" / "data.bin", "rb") as f:
+            whole = f.read()
+            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+                tail = m[-4096:]
+        return whole, tail
+
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(session.run)
+            whole, tail = await trio.to_thread.run_sync(read_and_map)
+            assert session.negotiated is not None and session.negotiated.passthrough
+            assert whole == data and tail == data[-4096:]
+            assert session.counts["passthrough_opens"] == 1
+            assert fs.ops["read"] == 0  # every byte came from the backing file in the kernel
+            await trio.to_thread.run_sync(lambda: kmount.unmount(mnt, via="mount2"))
+            with trio.fail_after(10):
+                await session._done.wait()
+    finally:
+        if is_mounted(mnt):
+            subprocess.run(["umount", "-l", mnt], capture_output=True)
+        for f in fs.fds:  # type: ignore[attr-defined]
+            os.close(f)
+        os.close(fd)
+        area.close()
+        sync.close()
