@@ -4,4 +4,4 @@
 #: the transports ``--fuse`` accepts
 TRANSPORTS = ("kernel", "pyfuse3")
 #: the transport a mount uses unless ``--fuse`` says otherwise (the one place to change it)
-DEFAULT_TRANSPORT = "pyfuse3"
+DEFAULT_TRANSPORT = "kernel"
