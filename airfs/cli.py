@@ -130,13 +130,18 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if reason:
         return fail(reason)
     cfg = _mount_config(args)
-    from airfs.mount import run
+    from airfs.mount import MountError, prepare_cache_dir, run
 
     if args.foreground:
         return run(cfg, None, foreground=True)
-    os.makedirs(cfg.cache_dir, exist_ok=True)
+    try:
+        prepare_cache_dir(cfg.cache_dir)
+    except MountError as exc:
+        return fail(str(exc))
     rfd, wfd = os.pipe()
-    with open(cfg.log_file, "ab") as log:
+    log_fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(log_fd, 0o600)  # the log names files: the mounting user's only
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "airfs.mount", cfg.to_json(), "--ready-fd", str(wfd)],
             stdin=subprocess.DEVNULL,

@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -25,14 +26,16 @@ from typing import Any
 import pyfuse3
 import trio
 
-from airfs.control.protocol import socket_path
+from airfs.control.auth import Caller, MountOwner
+from airfs.control.protocol import SocketDirError, socket_path
+from airfs.control.scope import ScopedOrigin
 from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse.ops import FuseOps
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Origin, OriginError
+from airfs.origin.base import Entry, Kind, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
 from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.staging import StagingArea
@@ -76,6 +79,48 @@ class MountConfig:
 
 class MountError(Exception):
     """A mount cannot start; the message is the one line shown to the user."""
+
+
+#: the daemon's umask: everything it creates under the cache dir (blocks, index, staging,
+#: journal, conflicts, recovered files, the log) is 0600, directories 0700
+UMASK = 0o077
+
+
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache dir (mode 0700), or check an existing one: it must be a directory
+    owned by this user that no other user can enter (it holds copies of files and their
+    paths). An empty directory that others could enter is closed (0700); a non-empty one is
+    refused. Raises :class:`MountError` with a one-line reason."""
+    uid = os.geteuid()
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, 0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise MountError(f"cannot create cache dir {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise MountError(f"cache dir {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError(f"cache dir {path} is not a directory")
+    if st.st_uid != uid:
+        raise MountError(
+            f"cache dir {path} belongs to uid {st.st_uid}, not to the mounting user (uid {uid})"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        if not os.listdir(path):
+            os.chmod(path, 0o700)
+            return
+        raise MountError(
+            f"cache dir {path} is open to other users (mode {mode:o}): they could read the "
+            f"cached files and their paths; run chmod 700 {path} first, or use a new cache dir"
+        )
 
 
 def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
@@ -186,6 +231,9 @@ class Daemon:
         self.origin: AsyncOrigin
         self.prefetcher: BackgroundPrefetch
         self.read_ahead = False
+        #: who owns every object as the mount reports it (see Filesystem's ``owner``)
+        self.owner = MountOwner(os.getuid(), os.getgid())
+        self.control: ControlServer | None = None
 
     # -- control operations -----------------------------------------------------------------
 
@@ -204,18 +252,53 @@ class Daemon:
             "prefetch": self.prefetcher.statistics(),
         }
 
-    async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]:
-        return await warm(
-            self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
+    def _privileged(self, caller: Caller) -> bool:
+        return caller.uid in (0, os.geteuid())
+
+    async def lookup(self, path: str) -> tuple[Kind, int] | None:
+        """Kind and mode of ``path`` as the mount shows it (None: no such object); the
+        control socket authorises requests with it."""
+        st = self.area.get(path) if path else None
+        if st is not None:
+            return Kind.FILE, st.mode
+        entry, _at = await self.fs.origin_entry(path)
+        return None if entry is None else (entry.kind, entry.mode)
+
+    def _mode_of(self, path: str, entry: Entry) -> int:
+        st = self.area.get(path) if entry.kind is Kind.FILE else None
+        return st.mode if st is not None else entry.mode
+
+    async def warm(
+        self, paths: list[str], jobs: int, progress: Progress, caller: Caller
+    ) -> dict[str, Any]:
+        """Warm ``paths`` (already authorised); below them only what ``caller`` may read."""
+        if caller.uid == 0:
+            return await warm(
+                self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
+            )
+        view = ScopedOrigin(
+            self.origin, caller, self.owner, self._mode_of, on_listing=self.fs.listings.put
         )
+        out = await warm(view, self.readpath, paths, jobs, progress)
+        return {**out, "skipped": view.skipped}
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]:
         self.prefetcher.submit(paths)
         return {"queued": len(paths)}
 
-    async def flush(self, path: str, progress: Progress) -> dict[str, Any]:
+    async def flush(self, path: str, progress: Progress, caller: Caller) -> dict[str, Any]:
         t0 = time.monotonic()
-        out = await self.uploader.flush(path, progress)
+        try:
+            out = await self.uploader.flush(path, progress)
+        except OSError as exc:
+            if self._privileged(caller):
+                raise
+            # the uploader's message names files: say only what failed, not which
+            raise OSError(
+                exc.errno,
+                f"some files under {path or '/'} cannot be committed (root or the mount's "
+                "owner can see which in airfs status)",
+            ) from None
         await trio.to_thread.run_sync(self.area.journal.sync)
         return {**out, "seconds": round(time.monotonic() - t0, 3)}
 
@@ -250,6 +333,7 @@ class Daemon:
 
     async def run(self, ready: Callable[[str | None], None]) -> int:
         cfg = self.cfg
+        os.umask(UMASK)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 1 << 20)), hard))
@@ -257,7 +341,7 @@ class Daemon:
         if cfg.origin is None:
             overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         sync_origin = open_origin(cfg, overlay_fd)
-        os.makedirs(cfg.cache_dir, exist_ok=True)
+        prepare_cache_dir(cfg.cache_dir)
         lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -306,7 +390,7 @@ class Daemon:
         )
         self.uploader = Uploader(
             self.area,
-            self.origin,
+            ModedPuts(self.origin, self.area),
             conditional=bool(getattr(sync_origin, "conditional_writes", False)),
             on_committed=self.fs.committed,
         )
@@ -323,7 +407,7 @@ class Daemon:
             options.add("debug")
         # Everything that touches the mountpoint path happens before init: once mounted, a
         # stat of it would wait for this very process to answer.
-        control = ControlServer(self, socket_path(cfg.mountpoint))
+        control = self.control = ControlServer(self, socket_path(cfg.mountpoint))
         try:
             pyfuse3.init(ops, cfg.mountpoint, options)
         except RuntimeError as exc:
@@ -333,7 +417,10 @@ class Daemon:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._raise_read_ahead, initialized)
                 await nursery.start(self.uploader.run)
-                await nursery.start(control.serve)
+                try:
+                    await nursery.start(control.serve)
+                except SocketDirError as exc:
+                    raise MountError(str(exc.strerror or exc)) from None
                 nursery.start_soon(self._fuse_main)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._sync_journal)
@@ -393,6 +480,24 @@ class Daemon:
             await trio.to_thread.run_sync(self.area.journal.sync)
 
 
+class ModedPuts(AsyncOrigin):
+    """The origin as the uploader sees it: each put carries the staged file's mode, so that a
+    file is created at the origin with its final mode before it appears under its name (no
+    moment with a wider mode). Shares the wrapped origin's thread limiter."""
+
+    def __init__(self, origin: AsyncOrigin, area: StagingArea) -> None:
+        self.sync = origin.sync
+        self.url = origin.url
+        self.limiter = origin.limiter
+        self.attempts = origin.attempts
+        self.area = area
+
+    async def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+        st = self.area.get(path)
+        mode = stat.S_IMODE(st.mode) if st is not None and st.file == source else None
+        return await self.call(self.sync.put, path, source, if_match, mode, what=f"put {path}")
+
+
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
@@ -413,7 +518,7 @@ def setup_logging(cfg: MountConfig, foreground: bool) -> None:
 
 def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False) -> int:
     """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code."""
-    setup_logging(cfg, foreground)
+    os.umask(UMASK)
     said = False
 
     def ready(err: str | None) -> None:
@@ -430,6 +535,8 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
             print(f"airfs: {err}", file=sys.stderr)
 
     try:
+        prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
+        setup_logging(cfg, foreground)
         return trio.run(Daemon(cfg).run, ready)
     except MountError as exc:
         log.error("%s", exc)

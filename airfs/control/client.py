@@ -5,11 +5,13 @@ Nothing here needs trio; every call opens a connection, sends one request and re
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .auth import peer_caller
 from .protocol import MOUNT_TYPE, decode, encode, socket_path
 
 
@@ -32,6 +34,28 @@ def _airfs_mounts() -> set[str]:
     except OSError:
         pass
     return out
+
+
+def mount_owner(mountpoint: str) -> int | None:
+    """The uid that owns the airfs mount at ``mountpoint`` (FUSE's ``user_id=`` in the mount
+    table), or None if it is not listed."""
+    mp = os.path.realpath(mountpoint)
+    found = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                left, sep, right = line.partition(" - ")
+                parts, tail = left.split(), right.split()
+                if not sep or len(parts) < 5 or len(tail) < 3 or tail[0] != MOUNT_TYPE:
+                    continue
+                if parts[4].encode().decode("unicode_escape") != mp:
+                    continue
+                for opt in tail[2].split(","):
+                    if opt.startswith("user_id="):
+                        found = int(opt[len("user_id=") :])
+    except (OSError, ValueError):
+        return None
+    return found
 
 
 def find_mount(path: str) -> str | None:
@@ -62,7 +86,10 @@ def request(
     Progress lines are passed to ``on_progress``. Raises :class:`ControlError` when the daemon
     cannot be reached or answers with an error.
     """
-    path = socket_path(mountpoint)
+    owner = mount_owner(mountpoint)
+    if owner is None:  # not in the mount table (yet): assume it is ours
+        owner = os.geteuid()
+    path = socket_path(mountpoint, owner)
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -70,8 +97,16 @@ def request(
             s.connect(path)
         except OSError as exc:
             raise ControlError(
-                f"cannot reach the airfs daemon of {mountpoint} ({path}): {exc.strerror or exc}"
+                f"cannot reach the airfs daemon of {mountpoint} ({path}): {exc.strerror or exc}",
+                exc.errno,
             ) from None
+        server = peer_caller(s)
+        if server.uid not in (0, owner):
+            raise ControlError(
+                f"{path} is served by uid {server.uid}, not by the mount's owner (uid {owner}); "
+                "refusing to talk to it",
+                errno.EPERM,
+            )
         s.sendall(encode({"op": op, **args}))
         with s.makefile("rb") as f:
             for line in f:

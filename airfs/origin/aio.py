@@ -47,8 +47,10 @@ class AsyncOrigin:
             self.sync.read_range, path, offset, size, version, what=f"read {path}"
         )
 
-    async def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
-        return await self.call(self.sync.put, path, source, if_match, what=f"put {path}")
+    async def put(
+        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
+        return await self.call(self.sync.put, path, source, if_match, mode, what=f"put {path}")
 
     async def delete(self, path: str) -> None:
         await self.call(self.sync.delete, path, what=f"delete {path}")

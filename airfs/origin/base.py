@@ -175,12 +175,17 @@ class Origin(Protocol):
         """
         ...
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+    def put(
+        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
         """Atomically replace (or create) ``path`` with the content of local file ``source``.
 
         Readers see the old object or the whole new one. With ``if_match`` (a version tag, or
         ``""`` meaning "must not exist"), raises :class:`Conflict` when the current object does
-        not match, where the origin can check it. Returns the new entry (with its version).
+        not match, where the origin can check it. ``mode`` (permission bits) is the new
+        object's mode from its first moment under ``path``; None keeps the mode of the object
+        it replaces (a plain file's; never a symbolic link's), or 0o644 for a new one. Returns
+        the new entry (with its version).
         """
         ...
 

@@ -101,10 +101,12 @@ class LatencyOrigin:
 
     # -- writes --------------------------------------------------------------------------
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+    def put(
+        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
         self._request("put")
         self._transfer(os.stat(source).st_size)
-        return self.inner.put(path, source, if_match)
+        return self.inner.put(path, source, if_match, mode)
 
     def delete(self, path: str) -> None:
         self._request("delete")

@@ -231,7 +231,8 @@ class PosixOrigin:
     # -- writes --------------------------------------------------------------------------
 
     def _check_match(self, path: str, if_match: str | None) -> int | None:
-        """Check a put's precondition; return the current mode if the file exists."""
+        """Check a put's precondition; return the current mode if a plain file is there (a
+        symbolic link's 0o777 is not a file's mode: a put over a link makes a new file)."""
         try:
             cur = self.stat(path)
         except NotFound:
@@ -242,24 +243,34 @@ class PosixOrigin:
             raise IsADir(f"{path}: is a directory")
         if if_match is not None and cur.version != if_match:
             raise Conflict(f"{path}: changed at the origin since it was opened")
-        return cur.mode
+        return cur.mode if cur.kind is Kind.FILE else None
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
-        mode = self._check_match(path, if_match)
+    def put(
+        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
+        """See :meth:`Origin.put`. The temporary file is created 0600 (whatever the umask),
+        given its final mode, filled and fsynced before it is renamed over ``path``: the name
+        never shows the file with another mode."""
+        current = self._check_match(path, if_match)
+        if mode is None:
+            mode = 0o644 if current is None else current
         parent = split(path)[0]
         tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         tmp = f"{parent}/{tmp_name}" if parent else tmp_name
         try:
             dst = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self._fd
+                tmp,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=self._fd,
             )
         except OSError as exc:
             raise from_oserror(exc, path) from None
         try:
             try:
+                os.fchmod(dst, stat.S_IMODE(mode))
                 with open(source, "rb") as src:
                     _copy_sparse(src.fileno(), dst)
-                os.fchmod(dst, 0o644 if mode is None else mode)
                 os.fsync(dst)
             finally:
                 os.close(dst)
@@ -287,8 +298,17 @@ class PosixOrigin:
             return False
 
     def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+        """Create a directory with exactly ``mode`` (not narrowed by the process umask: the
+        caller's umask was applied by the kernel already). It is created 0700 and then
+        widened through its own descriptor (never through a name that could be swapped)."""
+        rel = self._rel(path)
         try:
-            os.mkdir(self._rel(path), mode, dir_fd=self._fd)
+            os.mkdir(rel, 0o700, dir_fd=self._fd)
+            fd = os.open(rel, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=self._fd)
+            try:
+                os.fchmod(fd, stat.S_IMODE(mode))
+            finally:
+                os.close(fd)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)

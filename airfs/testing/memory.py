@@ -104,12 +104,16 @@ class MemoryOrigin:
             self.bytes_read += len(data)
             return data
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
+    def put(
+        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
         with open(source, "rb") as f:
             data = f.read()
-        return self.put_bytes(path, data, if_match)
+        return self.put_bytes(path, data, if_match, mode)
 
-    def put_bytes(self, path: str, data: bytes, if_match: str | None = None) -> Entry:
+    def put_bytes(
+        self, path: str, data: bytes, if_match: str | None = None, mode: int | None = None
+    ) -> Entry:
         """Like :meth:`put`, from bytes (handy in tests)."""
         with self._lock:
             self.calls["put"] += 1
@@ -119,7 +123,9 @@ class MemoryOrigin:
                 raise IsADir(f"{path}: is a directory")
             if if_match is not None and (cur.version if cur else "") != if_match:
                 raise Conflict(f"{path}: changed since it was opened")
-            o = self._new(Kind.FILE, data=bytes(data), mode=cur.mode if cur else 0o644)
+            if mode is None:
+                mode = cur.mode if cur is not None and cur.kind is Kind.FILE else 0o644
+            o = self._new(Kind.FILE, data=bytes(data), mode=mode & 0o7777)
             self._objs[path] = o
             return self._entry(path, o)
 
