@@ -10,6 +10,7 @@ and counted in ``status`` under ``control``.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -63,6 +64,7 @@ class Controlled(Protocol):
 
 
 _MAX_LINE = 8 << 20
+_OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount"})
 
 
 class ControlServer:
@@ -84,7 +86,7 @@ class ControlServer:
         self.limit = limit or ConnectionLimit()
         self.idle_timeout = idle_timeout
         self.denials = Denials()
-        self.requests = 0
+        self.requests: collections.Counter[str] = collections.Counter()
 
     def privileged(self, caller: Caller) -> bool:
         """Root or the mount's owner."""
@@ -93,7 +95,8 @@ class ControlServer:
     def statistics(self) -> dict[str, Any]:
         return {
             "connections": sum(self.limit.open.values()),
-            "requests": self.requests,
+            "requests": sum(self.requests.values()),
+            "requests_by_op": dict(self.requests),
             "refused_connections": self.limit.refused,
             "denied": self.denials.total,
             "denied_by_op": dict(self.denials.by_op),
@@ -161,7 +164,6 @@ class ControlServer:
         line = await self._read_line(stream)
         if line is None:
             return
-        self.requests += 1
         send_lock = trio.Lock()
         pending: list[bytes] = []
 
@@ -182,6 +184,7 @@ class ControlServer:
         try:
             req = decode(line)
             op = str(req.get("op"))
+            self.requests[op if op in _OPS else "other"] += 1
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pump)
                 result = await self._dispatch(req, caller, progress)
