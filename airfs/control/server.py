@@ -185,10 +185,16 @@ class ControlServer:
             req = decode(line)
             op = str(req.get("op"))
             self.requests[op if op in _OPS else "other"] += 1
+            failed: Exception | None = None
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(pump)
-                result = await self._dispatch(req, caller, progress)
+                try:
+                    result = await self._dispatch(req, caller, progress)
+                except Exception as exc:  # raised below, not wrapped in the nursery's group
+                    failed = exc
                 nursery.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
             await drain()
             reply: dict[str, Any] = {"ok": True, "result": result}
         except Denied as exc:
