@@ -495,7 +495,7 @@ class ModedPuts(AsyncOrigin):
     async def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
         st = self.area.get(path)
         mode = stat.S_IMODE(st.mode) if st is not None and st.file == source else None
-        return await self.call(self.sync.put, path, source, if_match, mode, what=f"put {path}")
+        return await super().put(path, source, if_match, mode)
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

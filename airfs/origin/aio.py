@@ -50,7 +50,9 @@ class AsyncOrigin:
     async def put(
         self, path: str, source: str, if_match: str | None = None, mode: int | None = None
     ) -> Entry:
-        return await self.call(self.sync.put, path, source, if_match, mode, what=f"put {path}")
+        # origins written before puts carried a mode take three arguments: pass it only if set
+        args = (path, source, if_match) if mode is None else (path, source, if_match, mode)
+        return await self.call(self.sync.put, *args, what=f"put {path}")
 
     async def delete(self, path: str) -> None:
         await self.call(self.sync.delete, path, what=f"delete {path}")

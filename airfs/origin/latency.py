@@ -106,6 +106,8 @@ class LatencyOrigin:
     ) -> Entry:
         self._request("put")
         self._transfer(os.stat(source).st_size)
+        if mode is None:
+            return self.inner.put(path, source, if_match)
         return self.inner.put(path, source, if_match, mode)
 
     def delete(self, path: str) -> None:

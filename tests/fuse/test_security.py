@@ -442,3 +442,55 @@ def test_private_files_stay_private_at_every_moment(node: Node, users: list[User
             fresh.close()
         assert all(listed[name.rpartition("/")[2]] == 0o600 for name in names)
         assert listed["a.bin"] == 0o644
+
+
+def test_non_root_training_job_gets_prefetch_and_the_commit_barrier(
+    node: Node, users: list[User]
+) -> None:
+    """A job of an unprivileged user on root's mount finds the mount's socket: the dataset's
+    prefetch requests and the checkpoint's commit barrier (``flush``) reach the daemon."""
+    pytest.importorskip("torch")
+    n_files = 24
+    if node.origin_dir is not None:
+        (node.origin_dir / "data").mkdir()
+        for i in range(n_files):
+            (node.origin_dir / "data" / f"f{i:03d}.bin").write_bytes(bytes([i]) * 5000)
+        (node.origin_dir / "ckpt").mkdir()
+        (node.origin_dir / "ckpt").chmod(0o777)
+    else:
+        pytest.skip("S3 directories are root's 0755: a non-root job cannot write checkpoints")
+    out = run_as(
+        users[0],
+        node.mnt,
+        """
+        ds = VolumeDataset(os.path.join(MP, "data"), prefetch_files=8, shuffle=False)
+        got = [open(p, "rb").read(1) for p in ds]
+        path = os.path.join(MP, "ckpt", "step1")
+        dcp.save({"w": torch.arange(1000)}, storage_writer=VolumeWriter(path), no_dist=True)
+        back = {"w": torch.zeros(1000, dtype=torch.int64)}
+        dcp.load(back, storage_reader=VolumeReader(path), no_dist=True)
+        print(json.dumps({
+            "files": len(got),
+            "prefetch_requests": ds.stats().prefetch_requests,
+            "complete": is_complete(path),
+            "loaded": bool((back["w"] == torch.arange(1000)).all()),
+        }))
+        """,
+        imports=(
+            "import torch, torch.distributed.checkpoint as dcp\n"
+            "from airfs.data import VolumeDataset\n"
+            "from airfs.checkpoint import VolumeReader, VolumeWriter, is_complete\n"
+        ),
+        umask=0,  # the mount reports root as every file's owner: dirs the job makes must be 0777
+    )
+    assert out["files"] == n_files and out["complete"] and out["loaded"]
+    assert out["prefetch_requests"] >= 1
+    st = node.status()
+    by_op = st["control"]["requests_by_op"]
+    assert by_op.get("prefetch", 0) >= out["prefetch_requests"]
+    assert by_op.get("flush", 0) >= 2  # the barrier: each rank's shards, then .metadata
+    assert st["control"]["denied"] == 0
+    assert st["prefetch"]["submitted"] >= n_files // 2
+    # the barrier held: everything of the checkpoint is at the origin
+    names = set(os.listdir(node.origin_dir / "ckpt" / "step1"))
+    assert ".metadata" in names and any(nm.endswith(".distcp") for nm in names)
