@@ -37,6 +37,16 @@ def fail(msg: str, code: int = 1) -> int:
     return code
 
 
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode (e.g. 640)") from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode between 000 and 777")
+    return mode
+
+
 def default_cache_dir(mountpoint: str) -> str:
     key = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:12]
     base = "/var/cache/airfs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/airfs")
@@ -77,6 +87,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         s3_endpoint=args.s3_endpoint,
         s3_region=args.s3_region,
         s3_path_style=args.s3_path_style,
+        s3_default_mode=args.s3_default_mode,
         drain_timeout=args.drain_timeout,
         debug=args.debug,
         no_cache=args.no_cache,
@@ -440,6 +451,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="path-style S3 addressing (most self-hosted stores need it)",
+    )
+    m.add_argument(
+        "--s3-default-mode",
+        type=_octal_mode,
+        default=None,
+        metavar="OCTAL",
+        help="mode of S3 objects that carry none (written by other tools; default 644)",
     )
     m.add_argument(
         "--drain-timeout",

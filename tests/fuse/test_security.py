@@ -494,3 +494,33 @@ def test_non_root_training_job_gets_prefetch_and_the_commit_barrier(
     # the barrier held: everything of the checkpoint is at the origin
     names = set(os.listdir(node.origin_dir / "ckpt" / "step1"))
     assert ".metadata" in names and any(nm.endswith(".distcp") for nm in names)
+
+
+def test_s3_objects_of_other_tools_get_the_configured_mode(node: Node, users: list[User]) -> None:
+    if node.kind != "s3":
+        pytest.skip("an S3 option")
+    import obstore
+
+    from airfs.origin.s3 import S3Origin
+
+    assert isinstance(node.view, S3Origin)
+    obstore.put(node.view._store, "foreign.bin", b"no airfs-mode metadata")
+    teardown(node.m)
+    args = ["--s3-endpoint", node.env["AWS_ENDPOINT_URL"], "--s3-default-mode", "600"]
+    m = mount(node.spec, node.mnt, node.base / "cache", *args, env=node.env)
+    try:
+        assert stat.S_IMODE((node.mnt / "foreign.bin").stat().st_mode) == 0o600
+        out = run_as(
+            users[0],
+            node.mnt,
+            """
+            try:
+                open(os.path.join(MP, "foreign.bin"), "rb").read()
+                print(json.dumps("read"))
+            except PermissionError:
+                print(json.dumps("denied"))
+            """,
+        )
+        assert out == "denied"
+    finally:
+        teardown(m)
