@@ -546,11 +546,24 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         ready(str(exc))
         return 1
     except Exception as exc:
+        reason = _mount_error(exc)
+        if reason is not None:  # raised inside a nursery: still the one-line reason
+            log.error("%s", reason)
+            ready(reason)
+            return 1
         log.exception("daemon failed")
         ready(f"daemon failed: {exc}")
         return 1
     finally:
         ready("daemon exited before the mount was ready")
+
+
+def _mount_error(exc: BaseException) -> str | None:
+    """The message of the :class:`MountError` that ``exc`` (an exception group from the
+    daemon's nurseries) carries, if that is all it carries."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) if isinstance(exc, MountError) else None
 
 
 def main(argv: list[str] | None = None) -> int:

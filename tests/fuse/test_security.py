@@ -524,3 +524,33 @@ def test_s3_objects_of_other_tools_get_the_configured_mode(node: Node, users: li
         assert out == "denied"
     finally:
         teardown(m)
+
+
+def test_mount_refuses_a_cache_dir_other_users_can_reach(tmp_path: Path) -> None:
+    from airfs.testing.mountfix import airfs_cmd
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    (tmp_path / "o").mkdir()
+    (tmp_path / "m").mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "airfs.log").write_text("an old log naming files\n")
+    cache.chmod(0o755)
+    cmd = [*airfs_cmd(), "mount", "--cache-dir", str(cache), "--origin", str(tmp_path / "o")]
+    for extra in ([], ["--foreground"]):
+        p = subprocess.run([*cmd, *extra, str(tmp_path / "m")], capture_output=True, text=True)
+        assert p.returncode == 1, p
+        lines = p.stderr.strip().splitlines()
+        assert lines[-1] == (
+            f"airfs: cache dir {cache} is open to other users (mode 755): they could read the "
+            f"cached files and their paths; run chmod 700 {cache} first, or use a new cache dir"
+        ), p.stderr
+        assert not is_mounted(tmp_path / "m")
+    cache.chmod(0o700)
+    m = mount(str(tmp_path / "o"), tmp_path / "m", cache)
+    try:
+        assert stat.S_IMODE((cache / "airfs.log").stat().st_mode) == 0o600  # an old log too
+        assert client.status(str(tmp_path / "m"))["pid"] == m.pid
+    finally:
+        teardown(m)
