@@ -88,6 +88,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         s3_region=args.s3_region,
         s3_path_style=args.s3_path_style,
         s3_default_mode=args.s3_default_mode,
+        s3_list_heads=args.s3_list_heads,
         drain_timeout=args.drain_timeout,
         debug=args.debug,
         no_cache=args.no_cache,
@@ -458,6 +459,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="OCTAL",
         help="mode of S3 objects that carry none (written by other tools; default 644)",
+    )
+    m.add_argument(
+        "--s3-trust-listings",
+        dest="s3_list_heads",
+        action="store_false",
+        help="list objects not seen yet with the default mode instead of a HEAD each "
+        "(faster first listings; only where no private files are written)",
     )
     m.add_argument(
         "--drain-timeout",

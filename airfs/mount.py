@@ -62,6 +62,8 @@ class MountConfig:
     s3_path_style: bool | None = None
     #: mode of S3 objects written by other tools (None: the origin's default, 0o644)
     s3_default_mode: int | None = None
+    #: False: S3 listings show unseen objects with the default mode (no HEAD per object)
+    s3_list_heads: bool = True
     drain_timeout: float = 3600.0
     read_ahead_kb: int = 1024
     debug: bool = False
@@ -152,6 +154,7 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
                 endpoint=cfg.s3_endpoint,
                 region=cfg.s3_region,
                 path_style=cfg.s3_path_style,
+                list_heads=cfg.s3_list_heads,
                 **({} if cfg.s3_default_mode is None else {"default_mode": cfg.s3_default_mode}),
             )
         if "://" in spec and not spec.startswith("file://"):

@@ -486,9 +486,11 @@ class S3Origin:
         part_size: int = DEFAULT_PART_SIZE,
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
         default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
     ) -> None:
         self._store = store
         self.default_mode = default_mode & 0o7777
+        self.list_heads = list_heads
         #: path -> (ETag, mode): what this origin knows of objects' modes
         self._modes: OrderedDict[str, tuple[str, int]] = OrderedDict()
         self._modes_lock = threading.Lock()
@@ -521,6 +523,7 @@ class S3Origin:
         part_size: int = DEFAULT_PART_SIZE,
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
         default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
     ) -> S3Origin:
         """Open ``s3://BUCKET[/PREFIX]``.
 
@@ -537,6 +540,10 @@ class S3Origin:
         ``conditional_writes``: None probes the server on the first conditional put;
         True/False asserts it. ``timeout`` is the limit per HTTP request, in seconds.
         ``default_mode``: the mode of objects that carry none (written by other tools).
+        ``list_heads=False``: listings give objects this origin has not seen yet
+        ``default_mode`` instead of asking each one's mode (faster first listings of large
+        directories; a private object written by another node then shows the default mode
+        until it is stat'ed).
 
         With ``check``, one cheap listing is made and failures raise a one-line typed error:
         :class:`PermissionDenied` (credentials), :class:`NotFound` (bucket),
@@ -622,6 +629,7 @@ class S3Origin:
             part_size=part_size,
             put_concurrency=put_concurrency,
             default_mode=default_mode,
+            list_heads=list_heads,
         )
         if check:
             quick = make_store(
@@ -792,6 +800,8 @@ class S3Origin:
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
             mode = self._known_mode(p, meta.get("e_tag") or "")
+            if mode is None and not self.list_heads:
+                mode = self.default_mode
             if mode is None:
                 unknown.append((name, meta))
             else:

@@ -108,6 +108,13 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
         assert b.stat("d/p").mode == 0o600
     finally:
         b.close()
+    t = other(list_heads=False)  # --s3-trust-listings: no HEADs, the default for unseen objects
+    try:
+        assert {e.name: e.mode for e in t.list("d")}["p"] == 0o644
+        assert t.stat("d/p").mode == 0o600
+        assert {e.name: e.mode for e in t.list("d")}["p"] == 0o600  # seen now
+    finally:
+        t.close()
     c = other(default_mode=0o600)  # --s3-default-mode 600
     try:
         assert c.stat("d/foreign").mode == 0o600
