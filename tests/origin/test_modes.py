@@ -4,6 +4,7 @@ S3 keeps modes in object metadata, so another client (another node) lists them t
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 import obstore
 import pytest
 
-from airfs.origin.base import Origin
+from airfs.origin.base import Kind, Origin, OriginError
 from airfs.origin.s3 import S3Origin
 from airfs.testing.seaweed import SeaweedServer
 
@@ -131,3 +132,38 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
     finally:
         d.close()
     assert a.read_range("d/r", 0, 100) == b"private"
+
+
+def test_posix_never_follows_a_link_placed_at_the_origin(
+    case: Case, origin: Origin, tmp_path: Path
+) -> None:
+    """A link in the middle of a path (another tool's, or one swapped in after a check) does
+    not take the origin outside its directory, nor to another file."""
+    if case.name != "posix":
+        pytest.skip("links at a posix origin")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not yours")
+    (outside / "secret").chmod(0o600)
+    root = Path(origin.url)
+    (root / "esc").symlink_to(outside)
+    (root / "f").symlink_to(outside / "secret")
+    for call in (
+        lambda: origin.stat("esc/secret"),
+        lambda: origin.list("esc"),
+        lambda: origin.read_range("esc/secret", 0, 10),
+        lambda: origin.read_range("f", 0, 10),
+        lambda: put(case, "esc/new", b"x", 0o644),
+        lambda: origin.delete("esc/secret"),
+        lambda: origin.mkdir("esc/d"),
+        lambda: origin.rename("esc/secret", "stolen"),
+        lambda: origin.set_attrs("esc/secret", mode=0o666),
+    ):
+        with pytest.raises(OriginError) as ei:
+            call()
+        assert ei.value.errno in (errno.ENOTDIR, errno.ELOOP), ei.value
+    origin.set_attrs("f", mode=0o666)  # a link's own mode cannot change: nothing happens
+    assert stat.S_IMODE((outside / "secret").stat().st_mode) == 0o600
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_bytes() == b"not yours"
+    assert origin.stat("esc").kind is Kind.SYMLINK
