@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -243,6 +244,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
             mp, "unmount", on_progress=_progress_printer("draining", not args.quiet)
         )
     except client.ControlError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES):
+            return fail(str(exc))  # refused: --force would not help
         if not args.force:
             return fail(f"{exc} (use --force to unmount without draining)")
         result = {"drained": False, "error": str(exc)}

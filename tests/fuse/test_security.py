@@ -198,12 +198,26 @@ def test_unprivileged_user_cannot_unmount_and_sees_only_counters(
         alice,
         node.mnt,
         """
-        print(json.dumps({"unmount": call("unmount"), "status": call("status")}))
+        import contextlib, io
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = cli.main(["umount", MP])
+        print(json.dumps({
+            "unmount": call("unmount"),
+            "status": call("status"),
+            "cli": [code, err.getvalue()],
+        }))
         """,
+        imports="import contextlib, io, shutil, gettext, argparse\nfrom airfs import cli\n",
     )
     assert out["unmount"]["ok"] is False, out
     assert out["unmount"]["errno"] == errno.EPERM, out
     assert "only root or the mount's owner" in out["unmount"]["error"]
+    code, err = out["cli"]
+    assert code == 1
+    assert err.strip().splitlines()[-1] == (
+        "airfs: only root or the mount's owner (uid 0) may unmount"
+    ), err
     assert is_mounted(node.mnt) and node.m.alive()
     st = out["status"]["result"]
     assert st["redacted"] is True
@@ -211,7 +225,7 @@ def test_unprivileged_user_cannot_unmount_and_sees_only_counters(
     assert st["writeback"]["last_error"] is None and st["writeback"]["failing"] == []
     mine = node.status()
     assert "redacted" not in mine
-    assert mine["control"]["denied_by_op"] == {"unmount": 1}
+    assert mine["control"]["denied_by_op"] == {"unmount": 2}
     log = node.m.log.read_text()
     assert f"denied unmount to uid {alice.uid}" in log
 
