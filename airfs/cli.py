@@ -96,6 +96,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         write_wait=args.write_wait,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
+        rebuild_journal=args.rebuild_journal,
     )
 
 
@@ -485,6 +486,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a writer waits for staging space before ENOSPC (default 30)",
     )
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
+    m.add_argument(
+        "--rebuild-journal",
+        action="store_true",
+        help="rebuild a lost or damaged write-back journal from the staging files' own "
+        "records (what the refusal to start says to run)",
+    )
     m.add_argument(
         "--emulate-latency",
         type=float,

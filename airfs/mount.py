@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from typing import Any
 import pyfuse3
 import trio
 
+from airfs.build import build
 from airfs.control.auth import Caller, MountOwner
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.scope import ScopedOrigin
@@ -38,6 +40,7 @@ from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
 from airfs.readpath import DirectReadPath, ReadPath
+from airfs.writeback.journal import JournalDamaged
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
@@ -72,6 +75,8 @@ class MountConfig:
     #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
     emulate_latency: float = 0.0
     emulate_bandwidth: int | None = None
+    #: rebuild a lost or damaged journal from the staging files' own records
+    rebuild_journal: bool = False
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -254,7 +259,8 @@ class Daemon:
             "read_ahead_kb": self.cfg.read_ahead_kb if self.read_ahead else None,
             "fs": self.fs.statistics(),
             "cache": self.readpath.statistics(),
-            "writeback": self.uploader.statistics(),
+            "writeback": self.uploader.statistics().to_dict(),
+            "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics(),
         }
 
@@ -285,7 +291,7 @@ class Daemon:
         view = ScopedOrigin(
             self.origin, caller, self.owner, self._mode_of, on_listing=self.fs.listings.put
         )
-        out = await warm(view, self.readpath, paths, jobs, progress)
+        out = await warm(view.as_origin(), self.readpath, paths, jobs, progress)
         return {**out, "skipped": view.skipped}
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]:
@@ -355,51 +361,36 @@ class Daemon:
             raise MountError(
                 f"cache dir {cfg.cache_dir} is in use by another airfs mount"
             ) from None
-        self.origin = AsyncOrigin(sync_origin)
-        try:
-            root = await self.origin.stat("")
-        except OriginError as exc:
-            raise MountError(f"origin {self.origin.url}: {exc.strerror or exc}") from None
-        self.area = StagingArea(cfg.cache_dir, limit=cfg.staging_size, min_free=0)
-        recovered = self.area.recover()
-        if recovered:
-            log.info("journal replay: %d closed file(s) to commit", len(recovered))
         code = 1
         try:
-            async with trio.open_nursery() as outer:
-                self.readpath = await make_readpath(cfg, self.origin, outer)
-                try:
-                    code = await self._serve(ready, sync_origin, root)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await self.readpath.aclose()
-                    outer.cancel_scope.cancel()
+            async with build(
+                sync_origin,
+                cfg.cache_dir,
+                ttl=cfg.ttl,
+                staging_size=cfg.staging_size,
+                write_wait=cfg.write_wait,
+                owner=Owner(os.getuid(), os.getgid()),
+                readpath=functools.partial(make_readpath, cfg),
+                rebuild_journal=cfg.rebuild_journal,
+                journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",
+            ) as built:
+                self.origin, self.readpath, self.area = built.origin, built.readpath, built.area
+                self.fs, self.uploader = built.fs, built.uploader
+                if built.recovery.replayed:
+                    log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
+                code = await self._serve(ready, built.root)
+        except JournalDamaged as exc:
+            raise MountError(str(exc)) from None
+        except OriginError as exc:
+            raise MountError(f"origin {sync_origin.url}: {exc.strerror or exc}") from None
         finally:
-            self.area.close()
             sync_origin.close()
             os.close(lock_fd)
             log.info("daemon exits with code %d", code)
         return code
 
-    async def _serve(
-        self, ready: Callable[[str | None], None], sync_origin: Origin, root: Entry
-    ) -> int:
+    async def _serve(self, ready: Callable[[str | None], None], root: Entry) -> int:
         cfg = self.cfg
-        self.fs = Filesystem(
-            self.origin,
-            self.readpath,
-            self.area,
-            root,
-            ttl=cfg.ttl,
-            owner=Owner(os.getuid(), os.getgid()),
-            write_wait_s=cfg.write_wait,
-        )
-        self.uploader = Uploader(
-            self.area,
-            ModedPuts(self.origin, self.area),
-            conditional=bool(getattr(sync_origin, "conditional_writes", False)),
-            on_committed=self.fs.committed,
-        )
         self.prefetcher = BackgroundPrefetch(
             self.origin, self.readpath, resolve=self.fs.origin_entry
         )
@@ -422,7 +413,6 @@ class Daemon:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._raise_read_ahead, initialized)
-                await nursery.start(self.uploader.run)
                 try:
                     await nursery.start(control.serve)
                 except SocketDirError as exc:
@@ -483,25 +473,11 @@ class Daemon:
     async def _sync_journal(self) -> None:
         while True:
             await trio.sleep(1.0)
-            await trio.to_thread.run_sync(self.area.journal.sync)
-
-
-class ModedPuts(AsyncOrigin):
-    """The origin as the uploader sees it: each put carries the staged file's mode, so that a
-    file is created at the origin with its final mode before it appears under its name (no
-    moment with a wider mode). Shares the wrapped origin's thread limiter."""
-
-    def __init__(self, origin: AsyncOrigin, area: StagingArea) -> None:
-        self.sync = origin.sync
-        self.url = origin.url
-        self.limiter = origin.limiter
-        self.attempts = origin.attempts
-        self.area = area
-
-    async def put(self, path: str, source: str, if_match: str | None = None) -> Entry:
-        st = self.area.get(path)
-        mode = stat.S_IMODE(st.mode) if st is not None and st.file == source else None
-        return await super().put(path, source, if_match, mode)
+            try:
+                self.area.retry_journal()
+                await trio.to_thread.run_sync(self.area.journal.sync)
+            except OSError as exc:
+                log.error("journal sync failed: %s", exc)
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, join
@@ -23,8 +23,9 @@ ModeOf = Callable[[str, Entry], int]
 OnListing = Callable[[str, list[Entry], float], Any]
 
 
-class ScopedOrigin(AsyncOrigin):
-    """``list`` filtered to what ``caller`` may reach; every other call goes to ``origin``."""
+class ScopedOrigin:
+    """``list`` filtered to what ``caller`` may reach; every other attribute is ``origin``'s
+    (a view, not a second origin: same threads, limits and retries)."""
 
     def __init__(
         self,
@@ -34,11 +35,7 @@ class ScopedOrigin(AsyncOrigin):
         mode_of: ModeOf,
         on_listing: OnListing | None = None,
     ) -> None:
-        # share the wrapped origin's thread limiter: this is a view, not a second origin
-        self.sync = origin.sync
-        self.url = origin.url
-        self.limiter = origin.limiter
-        self.attempts = origin.attempts
+        self.origin = origin
         self.caller = caller
         self.owner = owner
         self.mode_of = mode_of
@@ -56,9 +53,16 @@ class ScopedOrigin(AsyncOrigin):
         mode = self.mode_of(path, entry)
         return may(self.caller, mode, self.owner.uid, self.owner.gid, want, is_dir)
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.origin, name)
+
+    def as_origin(self) -> AsyncOrigin:
+        """This view, typed as what it stands for."""
+        return cast(AsyncOrigin, self)
+
     async def list(self, path: str) -> list[Entry]:
         t0 = time.monotonic()
-        entries = await super().list(path)
+        entries = await self.origin.list(path)
         if self.on_listing is not None:
             self.on_listing(path, entries, t0)
         out = [e for e in entries if self.visible(join(path, e.name), e)]

@@ -191,7 +191,7 @@ class ControlServer:
                 try:
                     result = await self._dispatch(req, caller, progress)
                 except Exception as exc:  # raised below, not wrapped in the nursery's group
-                    failed = exc
+                    failed = _leaf(exc)
                 nursery.cancel_scope.cancel()
             if failed is not None:
                 raise failed
@@ -260,6 +260,14 @@ class ControlServer:
         if op not in handlers:
             raise ValueError(f"unknown op {op!r}")
         return await handlers[str(op)]()
+
+
+def _leaf(exc: Exception) -> Exception:
+    """The one exception an exception group (from a nursery below) carries, else ``exc``:
+    so that an ``OSError`` is answered with its errno and message."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _list(v: Any) -> list[Any]:

@@ -18,6 +18,7 @@ Consistency rules (the README's contract table is the user-facing version):
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import functools
 import logging
@@ -123,8 +124,10 @@ class Filesystem:
         self.ops: collections.Counter[str] = collections.Counter()
         self.listings = ListingCache(ttl)
         self._relisting: dict[str, trio.Event] = {}
-        self._pin = getattr(origin.sync, "pin", None)
-        self._unpin = getattr(origin.sync, "unpin", None)
+        caps = origin.capabilities
+        self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
+        self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
+        self._mtimes = caps.mtimes
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -148,11 +151,18 @@ class Filesystem:
             raise _err(errno.EINVAL, f"invalid name {name!r}")
         return join(self._path(parent), name)
 
+    def _new_child(self, parent_ino: int, name: str) -> str:
+        """``_child`` for a name about to be created: also refused when the origin could not
+        store it (EINVAL / ENAMETOOLONG, before anything is written)."""
+        path = self._child(parent_ino, name)
+        self.origin.sync.check_name(path)
+        return path
+
     def _staged_attr(self, node: Node, st: Staged) -> Attr:
         return attr_of(node.ino, Kind.FILE, st.size, st.mtime_ns, st.mode, self.owner)
 
     def _attr(self, node: Node) -> Attr:
-        st = self.area.get(node.path) if node.path is not None else None
+        st = self.area.get(node.path) if node.path is not None else node.staged
         if st is not None:
             return self._staged_attr(node, st)
         if node.entry is None:
@@ -162,9 +172,9 @@ class Filesystem:
     def _fresh(self, node: Node) -> bool:
         return node.entry is not None and time.monotonic() - node.fetched < self.ttl
 
-    async def _stat(self, path: str) -> Entry | None:
+    async def _stat(self, path: str, *, fast: bool = False) -> Entry | None:
         try:
-            return await self.origin.stat(path)
+            return await self.origin.stat(path, fast=fast)
         except NotFound:
             return None
 
@@ -185,7 +195,7 @@ class Filesystem:
                     self.listings.hits += 1
                 return entry, listing.at
         t0 = time.monotonic()
-        return await self._stat(path), t0
+        return await self._stat(path, fast=True), t0
 
     async def _relist(self, dir_path: str) -> Listing | None:
         """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
@@ -197,7 +207,7 @@ class Filesystem:
         try:
             t0 = time.monotonic()
             try:
-                entries = await self.origin.list(dir_path)
+                entries = await self.origin.list(dir_path, fast=True)
             except (NotFound, NotADir):
                 self.listings.drop(dir_path)
                 return None
@@ -233,8 +243,11 @@ class Filesystem:
     async def committed(self, path: str, entry: Entry, st: Staged) -> None:
         """The uploader's ``on_committed`` hook: ``st`` is at the origin as ``entry``.
 
-        Runs while the upload still holds ``st`` (writers wait), so the staged bytes are
-        exactly that version's."""
+        Runs while the upload still holds ``st``, so the staged bytes are exactly that
+        version's. Where the origin keeps no mtimes, the entry takes the staged file's mode
+        and mtime, so a file's attributes never change by themselves at its commit."""
+        if not self._mtimes:
+            entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
         self.listings.record(path, entry)
         node = self.inodes.at(path)
         if node is not None:
@@ -266,8 +279,13 @@ class Filesystem:
                 entry, t0 = await self.origin_entry(path)
             except OriginError as exc:
                 known = node.entry if node is not None else self.inodes.last_known(path)
-                if not exc.transient or known is None:
+                if not exc.transient:
                     raise
+                if known is None:
+                    # a name never seen: answer "absent" so that new files can still be
+                    # created (their commit is create-only: nothing at the origin is lost)
+                    log.warning("%s: origin unreachable; not known here: %s", path, exc)
+                    raise _err(errno.ENOENT, f"{path}: not known (origin unreachable)") from None
                 log.warning("%s: origin unreachable, using the last known entry: %s", path, exc)
                 if node is None:
                     node = self.inodes.bind(path, known.kind, known, at=0.0)  # stale: recheck
@@ -293,6 +311,8 @@ class Filesystem:
         if node.path is not None and self.area.get(node.path) is not None:
             return self._attr(node)
         if node.path is None:
+            if node.staged is not None:  # unlinked while open: its handles keep working
+                return self._staged_attr(node, node.staged)
             if node.entry is None:
                 raise _err(errno.ENOENT, "removed")
             return attr_of_entry(node.ino, node.entry, self.owner)
@@ -314,7 +334,8 @@ class Filesystem:
         fh: int | None = None,
     ) -> Attr:
         """Truncate/extend, chmod, set mtime. Owners are the mount's and are not changed
-        (chown is accepted and ignored); atime is not kept."""
+        (chown is accepted and ignored); atime is not kept. A mode or mtime set on a staged
+        file is journaled with it and kept through its commit."""
         node = self.inodes.get(ino)
         if size is not None:
             if node.kind is Kind.DIR:
@@ -324,36 +345,35 @@ class Filesystem:
             handle = self.handles.get(fh) if fh is not None else None
             async with node.lock:
                 if handle is not None and handle.writable and handle.staged is not None:
-                    st = handle.staged
+                    st = await self._writable(handle)
+                    temporary = False
                 else:
-                    st = await self._stage(node, truncate=size == 0)
+                    live = await self._stage(node, truncate=size == 0)
+                    st = await self.area.open_write(live, truncate=size == 0)
+                    temporary = True
                 st.refs += 1  # keep it while we wait below
                 try:
-                    await self._wait_upload(st)
                     await self.area.reserve(st, size, self.write_wait_s)
                     if size != st.size or size != 0:
                         self.area.truncate(st, size)
-                    if handle is None or not handle.writable:
-                        self.area.journal_closed(st)
                 finally:
                     st.refs -= 1
+                    if temporary:
+                        self.area.close_writer(st)
                     self.area.release(st)
                     self.area.notify()
         if mode is not None or mtime_ns is not None:
-            st = self.area.get(node.path) if node.path is not None else None
+            st = self.area.get(node.path) if node.path is not None else node.staged
+            new_mode = None if mode is None else stat.S_IMODE(mode)
             if st is not None:
-                if mode is not None:
-                    st.mode = stat.S_IMODE(mode)
-                if mtime_ns is not None:
-                    st.mtime_ns = mtime_ns
-            at_origin = st is None or st.base_version is not None
+                self.area.set_attrs(st, mode=new_mode, mtime_ns=mtime_ns)
+            at_origin = st is None or not any(v.dirty for v in self.area.versions(st))
             if at_origin and node.path is not None and node.kind is not Kind.SYMLINK:
-                entry = await self.origin.set_attrs(
-                    node.path, None if mode is None else stat.S_IMODE(mode), mtime_ns
-                )
+                entry = await self.origin.set_attrs(node.path, new_mode, mtime_ns)
                 node.entry = entry
                 node.fetched = time.monotonic()
-        if node.path is None and node.entry is not None:
+                self.listings.record(node.path, entry)
+        if node.path is None and node.entry is not None and node.staged is None:
             return attr_of_entry(node.ino, node.entry, self.owner)
         return self._attr(node)
 
@@ -428,7 +448,7 @@ class Filesystem:
 
     @counted
     async def mkdir(self, parent_ino: int, name: str, mode: int) -> Attr:
-        path = self._child(parent_ino, name)
+        path = self._new_child(parent_ino, name)
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
         entry = await self.origin.mkdir(path, stat.S_IMODE(mode))
@@ -486,11 +506,13 @@ class Filesystem:
     ) -> None:
         """Rename a file or directory. Replacing an existing file is atomic at the origin for
         files that exist there; a staged (not yet committed) file is renamed locally and
-        commits to its new name. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
+        commits to its new name, *If-Match* whatever it replaced there (the origin's object,
+        or the version a staged file it replaced was going to replace), journaled in the same
+        step. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
         if exchange:
             raise _err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         old = self._child(old_parent, old_name)
-        new = self._child(new_parent, new_name)
+        new = self._new_child(new_parent, new_name)
         if old == new:
             return
         await self._settle(old)
@@ -505,6 +527,13 @@ class Filesystem:
         if local_only:
             if dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise _err(errno.EISDIR, f"{new}: is a directory")
+            # the moved file now replaces what is (or will be) at the origin under ``new``
+            if st_dst is not None:
+                base = st_dst.base_version
+            else:
+                base = dst_entry.version if dst_entry is not None else None
+            self.area.move(old, new, rebase=True, base=base)
+            self.inodes.move(old, new)
         else:
             src_entry = await self._stat(old) if st_src is None else None
             if st_src is None and src_entry is None:
@@ -521,27 +550,31 @@ class Filesystem:
             except NotFound:
                 if st_src is None:
                     raise
-        self.area.move(old, new)
-        self.inodes.move(old, new)
-        moved = self.area.get(new)
-        if moved is not None and local_only and dst_entry is not None:
-            moved.base_version = dst_entry.version  # it now replaces that object
-        self.listings.record(old, None)
-        if not local_only:
-            # the moved object's entry at its new name is not known without asking (an S3
-            # copy has a new ETag): forget the new parent's listing
+            is_dir = src_entry is not None and src_entry.kind is Kind.DIR
+            moved_entry = None if is_dir else await self._stat(new)
+            if is_dir:
+                self.area.move(old, new)
+            else:
+                # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
+                base = moved_entry.version if moved_entry is not None else None
+                self.area.move(old, new, rebase=st_src is not None, base=base)
+            self.inodes.move(old, new)
+            node = self.inodes.at(new)
+            if moved_entry is not None and node is not None:
+                node.entry, node.fetched = moved_entry, time.monotonic()
+            # forget the new parent's listing: its other names are not known without asking
             self.listings.discard(split(new)[0])
-            if src_entry is None or src_entry.kind is Kind.DIR:
+            if is_dir or src_entry is None:
                 self.listings.drop(old)
                 self.listings.drop(new)
-        if moved is not None and not local_only and moved.base_version is not None:
-            entry = await self._stat(new)
-            moved.base_version = entry.version if entry is not None else None
+            if moved_entry is not None:
+                self.listings.record(new, moved_entry)
+        self.listings.record(old, None)
         self.area.notify()
 
     @counted
     async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
-        path = self._child(parent_ino, name)
+        path = self._new_child(parent_ino, name)
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
         entry = await self.origin.symlink(path, target)
@@ -555,7 +588,9 @@ class Filesystem:
     async def _settle(self, path: str) -> None:
         """Wait for in-flight commits at or under ``path`` to land, so a name operation
         never races an upload to the old name."""
-        while busy := [st for st in self.area.under(path) if st.uploading]:
+        while busy := [
+            v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading
+        ]:
             await self._wait_upload(busy[0])
 
     async def _wait_upload(self, st: Staged) -> None:
@@ -563,14 +598,12 @@ class Filesystem:
             await st.upload_done.wait()
 
     async def _stage(self, node: Node, *, truncate: bool) -> Staged:
-        """The staged file of ``node``, created (with the origin's content copied in unless
-        ``truncate``) if there is none. Caller holds ``node.lock``."""
+        """The live staged file of ``node``, created (with the origin's content copied in
+        unless ``truncate``) if there is none. Open it with ``area.open_write`` to write.
+        Caller holds ``node.lock``."""
         path = self._path(node)
-        while (st := self.area.get(path)) is not None and st.uploading:
-            await self._wait_upload(st)  # the upload may end by dropping it: look again
+        st = self.area.get(path)
         if st is not None:
-            if truncate and st.size:
-                self.area.truncate(st, 0)
             return st
         entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
         if entry is not None and entry.kind is not Kind.FILE:
@@ -580,6 +613,8 @@ class Filesystem:
             base_version=entry.version if entry is not None else None,
             mode=entry.mode if entry is not None else 0o644,
         )
+        if entry is not None:
+            st.mtime_ns = entry.mtime_ns
         if entry is not None and not truncate and entry.size:
             try:
                 await self.area.reserve(st, entry.size, self.write_wait_s)
@@ -587,8 +622,28 @@ class Filesystem:
             except BaseException:
                 self.area.discard(st)
                 raise
+            st.mtime_ns = entry.mtime_ns
+        if entry is not None and (not truncate or entry.size == 0):
             st.committed_gen = st.gen  # same bytes as the origin: nothing to commit yet
         return st
+
+    async def _writable(self, h: Handle) -> Staged:
+        """The staged file a write through ``h`` goes to: a closed (journaled) version is
+        never written again, its writers move to a copy."""
+        st = h.staged
+        assert st is not None
+        if not (st.closed_version or st.uploading):
+            return st
+        new = await self.area.fork(st)
+        for other in self.handles.values():
+            if other.writable and other.staged is st:
+                other.staged = new
+                st.refs -= 1
+                new.refs += 1
+        if h.node.staged is st:
+            h.node.staged = new
+        self.area.release(st)
+        return new
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
         reader = self.readpath.open(obj)
@@ -614,8 +669,8 @@ class Filesystem:
         trunc = bool(flags & os.O_TRUNC) and writable
         async with node.lock:
             if writable:
-                st = await self._stage(node, truncate=trunc)
-                st.writers += 1
+                live = await self._stage(node, truncate=trunc)
+                st: Staged | None = await self.area.open_write(live, truncate=trunc)
             else:
                 st = self.area.get(self._path(node))
             if st is not None:
@@ -623,6 +678,7 @@ class Filesystem:
                 key = f"staged:{st.id}"
                 keep = node.cached_version == key and not trunc
                 node.cached_version = key
+                node.staged = st
                 handle = Handle(self._fh(), node, writable, st)
             else:
                 handle = await self._open_origin(node)
@@ -642,9 +698,17 @@ class Filesystem:
                 obj = ObjectRef(path, entry.version, entry.size)
                 return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version)
             try:
-                await self.origin.call(self._pin, path, entry.version, what=f"open {path}")
+                await self.origin.call(
+                    self._pin, path, entry.version, what=f"open {path}", op="pin"
+                )
             except Conflict:
-                node.fetched = 0.0  # changed within the TTL: look again
+                # changed within the TTL (or the listing we answered from is older than a
+                # change): ask the origin itself, not a listing
+                fresh = await self._stat(path)
+                if fresh is None:
+                    raise _err(errno.ENOENT, f"{path}: no such file") from None
+                node.entry, node.fetched = fresh, time.monotonic()
+                self.listings.record(path, fresh)
                 continue
             obj = ObjectRef(path, entry.version, entry.size)
             return Handle(
@@ -654,19 +718,23 @@ class Filesystem:
 
     @counted
     async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:
-        """Create and open a new file (staged only until its first commit)."""
-        path = self._child(parent_ino, name)
+        """Create and open a new file (staged only until its first commit). A file created
+        with ``O_RDONLY`` (lock files) is committed like any other once closed."""
+        path = self._new_child(parent_ino, name)
         existing = self.area.get(path)
         if existing is not None and flags & os.O_EXCL:
             raise _err(errno.EEXIST, f"{path}: exists")
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
         node = self.inodes.bind(path, Kind.FILE, None)
         async with node.lock:
-            st = self.area.create(path, base_version=None, mode=stat.S_IMODE(mode))
-            if flags & os.O_ACCMODE != os.O_RDONLY:
-                st.writers += 1
+            base = existing.base_version if existing is not None else None
+            st = self.area.create(path, base_version=base, mode=stat.S_IMODE(mode))
+            if writable:
+                st = await self.area.open_write(st, truncate=False)
             st.refs += 1
-        handle = Handle(self._fh(), node, True, st)
+        handle = Handle(self._fh(), node, writable, st)
         node.cached_version = f"staged:{st.id}"
+        node.staged = st
         node.lookups += 1
         node.opens += 1
         self.handles[handle.fh] = handle
@@ -681,9 +749,11 @@ class Filesystem:
     @counted
     async def read(self, fh: int, offset: int, size: int) -> bytes:
         h = self._handle(fh)
-        st = h.staged
-        if st is None and h.node.path is not None:
-            st = self.area.get(h.node.path)
+        # the live staged content at the file's path (rewrites by other processes are seen
+        # at once), else the version this handle opened (an unlinked or replaced file)
+        st = self.area.get(h.node.path) if h.node.path is not None else None
+        if st is None:
+            st = h.staged
         if st is not None:
             return os.pread(st.fd, size, offset)
         if h.reader is None:
@@ -693,20 +763,20 @@ class Filesystem:
     @counted
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         h = self._handle(fh)
-        st = h.staged
-        if not h.writable or st is None:
+        if not h.writable or h.staged is None:
             raise _err(errno.EBADF, "file not open for writing")
-        await self._wait_upload(st)
+        st = await self._writable(h)
         await self.area.reserve(st, offset + len(data), self.write_wait_s)
         return self.area.write(st, offset, data)
 
     @counted
     async def flush(self, fh: int) -> None:
-        """``close()`` of a file descriptor: journal written content (it survives a daemon
-        crash from here on)."""
+        """``close()`` of a file descriptor: when no other descriptor writes the file, its
+        content is journaled (it survives a daemon crash from here on)."""
         h = self._handle(fh)
-        if h.writable and h.staged is not None and h.staged.dirty:
-            self.area.journal_closed(h.staged)
+        st = h.staged
+        if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
+            self.area.journal_closed(st)
 
     @counted
     async def release(self, fh: int) -> None:
@@ -714,41 +784,44 @@ class Filesystem:
         if h is None:
             return
         st = h.staged
-        if st is not None:
-            if h.writable:
-                st.writers -= 1
-                if st.dirty:
+        try:
+            if st is not None:
+                if h.writable:
+                    self.area.close_writer(st)
+                elif st.writers == 0:
                     self.area.journal_closed(st)
-            st.refs -= 1
-            self.area.release(st)
-            self.area.notify()
-        if h.reader is not None:
-            h.reader.close()
-        if h.pinned is not None and self._unpin is not None:
-            self._unpin(h.pinned, h.version)
-        h.node.opens -= 1
-        self.inodes.maybe_drop(h.node)
+        finally:
+            if st is not None:
+                st.refs -= 1
+                self.area.release(st)
+                self.area.notify()
+            if h.reader is not None:
+                h.reader.close()
+            if h.pinned is not None and self._unpin is not None:
+                self._unpin(h.pinned, h.version)
+            h.node.opens -= 1
+            if h.node.opens < 0:
+                raise AssertionError(f"inode {h.node.ino}: open count went negative")
+            if h.node.opens == 0:
+                h.node.staged = None
+            self.inodes.maybe_drop(h.node)
 
     @counted
     async def fsync(self, fh: int) -> None:
-        """Return once this file's content is committed at the origin."""
+        """Return once this file's content (and the closed versions before it) is committed
+        at the origin; EIO naming the file if it cannot be, or lost a conflict."""
         h = self._handle(fh)
         st = h.staged
-        if st is None or not st.dirty or st.path is None:
+        if st is None or st.path is None:
             return
-        self.area.journal_closed(st)
+        if st.dirty:
+            self.area.journal_closed(st)  # later writes go to a new version
         await self.commit_now(st)
 
     async def commit_now(self, st: Staged) -> None:
-        """Ask for ``st``'s current generation to be committed, and wait for it."""
-        gen = st.gen
-        st.urgent = True
-        self.area.notify()
-        while st.path is not None and st.committed_gen < gen:
-            ev = self.area.change_event()
-            if st.error and not st.error_transient and st.attempts >= 1 and not st.uploading:
-                raise _err(errno.EIO, st.error)
-            await ev.wait()
+        """Commit ``st`` and the closed versions before it now, and wait."""
+        targets = [(v, v.gen) for v in self.area.versions(st) if v.dirty]
+        await self.area.wait_committed(targets)
 
     # -- status ----------------------------------------------------------------------------
 

@@ -1,81 +1,218 @@
-"""Async face of a synchronous origin, for code running on the trio loop.
+"""Async face of a synchronous origin: the only way into an origin from the trio loop.
 
 Every call runs in a worker thread (``trio.to_thread.run_sync``) under a shared
-``CapacityLimiter``, with transient errors retried (:func:`airfs.origin.base.retry`). Cancelling
-the awaiting task abandons the thread's result; the origin call itself runs to completion.
+``CapacityLimiter``. The one retry policy lives here: transient errors are retried with
+jittered exponential backoff, sleeping on the trio loop *outside* the limiter (a retrying
+call never holds an origin slot while it waits). Origins do not retry on their own.
+
+Outages: once a call has used up its retries on transient errors, the origin is considered
+*down* for :attr:`AsyncOrigin.down_for` seconds (or until any call succeeds). Calls made with
+``fast=True`` (the core's revalidations of what it already knows) then fail at once instead of
+retrying, so cached data keeps being served without a wait; one call per period still probes.
+
+Cancellation: read-only calls abandon their thread when cancelled; calls that change the
+origin (``abandon=False``) are waited for, so the caller always knows whether they happened.
 """
 
 from __future__ import annotations
 
+import collections
 import functools
+import logging
+import random
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
 
-from .base import Entry, FsStats, Origin, retry
+from .base import Capabilities, Entry, FsStats, Origin, OriginError, Transient
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class OriginStats:
+    """``AsyncOrigin.statistics()``: calls by operation, in flight, retries, errors."""
+
+    in_flight: int
+    calls: dict[str, int]
+    retries: dict[str, int]
+    errors: dict[str, int]
+    seconds: dict[str, float]
+    down: bool
 
 
 class AsyncOrigin:
     """Wraps an :class:`~airfs.origin.base.Origin` for use from trio tasks."""
 
-    def __init__(self, origin: Origin, *, concurrency: int = 128, attempts: int = 5) -> None:
+    def __init__(
+        self,
+        origin: Origin,
+        *,
+        concurrency: int = 128,
+        attempts: int = 5,
+        base_delay: float = 0.1,
+        max_delay: float = 5.0,
+        down_for: float = 2.0,
+    ) -> None:
         self.sync = origin
         self.url = origin.url
         self.limiter = trio.CapacityLimiter(concurrency)
         self.attempts = attempts
+        self.base_delay = base_delay
+        self.max_delay = max_delay
+        self.down_for = down_for
+        self._down_until = 0.0
+        self._in_flight = 0
+        self._calls: collections.Counter[str] = collections.Counter()
+        self._retries: collections.Counter[str] = collections.Counter()
+        self._errors: collections.Counter[str] = collections.Counter()
+        self._seconds: collections.Counter[str] = collections.Counter()
 
-    async def call(self, fn: Callable[..., T], *args: Any, what: str = "origin call") -> T:
-        """Run ``fn(*args)`` in a worker thread, retrying transient errors."""
-        job = functools.partial(
-            retry, functools.partial(fn, *args), attempts=self.attempts, what=what
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.sync.capabilities
+
+    @property
+    def down(self) -> bool:
+        return time.monotonic() < self._down_until
+
+    async def call(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        what: str = "origin call",
+        op: str = "call",
+        abandon: bool = True,
+        fast: bool = False,
+        attempts: int | None = None,
+    ) -> T:
+        """Run ``fn(*args)`` in a worker thread, retrying transient errors (see the module
+        docstring for ``fast`` and ``abandon``)."""
+        tries = self.attempts if attempts is None else attempts
+        delay = self.base_delay
+        job = functools.partial(fn, *args)
+        for attempt in range(1, tries + 1):
+            if fast and self.down:
+                raise Transient(f"{what}: origin {self.url} is unreachable (recent failures)")
+            self._calls[op] += 1
+            self._in_flight += 1
+            t0 = time.monotonic()
+            try:
+                out = await trio.to_thread.run_sync(
+                    job, limiter=self.limiter, abandon_on_cancel=abandon
+                )
+            except OriginError as exc:
+                self._errors[op] += 1
+                if not exc.transient:
+                    self._down_until = 0.0
+                    raise
+                if attempt == tries or (fast and attempt >= 2):
+                    self._down_until = time.monotonic() + self.down_for
+                    raise
+                self._retries[op] += 1
+                log.warning("%s failed (attempt %d/%d): %s", what, attempt, tries, exc)
+            else:
+                self._down_until = 0.0
+                return out
+            finally:
+                self._in_flight -= 1
+                self._seconds[op] += time.monotonic() - t0
+            await trio.sleep(random.uniform(0, delay))
+            delay = min(self.max_delay, delay * 2)
+        raise AssertionError("unreachable")
+
+    def statistics(self) -> OriginStats:
+        return OriginStats(
+            self._in_flight,
+            dict(self._calls),
+            dict(self._retries),
+            dict(self._errors),
+            {k: round(v, 3) for k, v in self._seconds.items()},
+            self.down,
         )
-        return await trio.to_thread.run_sync(job, limiter=self.limiter, abandon_on_cancel=True)
 
-    async def stat(self, path: str) -> Entry:
-        return await self.call(self.sync.stat, path, what=f"stat {path}")
+    # -- reads (abandoned on cancel; ``fast`` for revalidations) ---------------------------
 
-    async def list(self, path: str) -> list[Entry]:
-        return await self.call(lambda: list(self.sync.list(path)), what=f"list {path}")
+    async def stat(self, path: str, *, fast: bool = False) -> Entry:
+        return await self.call(self.sync.stat, path, what=f"stat {path}", op="stat", fast=fast)
+
+    async def list(self, path: str, *, fast: bool = False) -> list[Entry]:
+        return await self.call(
+            lambda: list(self.sync.list(path)), what=f"list {path}", op="list", fast=fast
+        )
 
     async def read_range(
         self, path: str, offset: int, size: int, version: str | None = None
     ) -> bytes:
         return await self.call(
-            self.sync.read_range, path, offset, size, version, what=f"read {path}"
+            self.sync.read_range, path, offset, size, version, what=f"read {path}", op="read"
         )
 
+    async def readlink(self, path: str) -> str:
+        return await self.call(self.sync.readlink, path, what=f"readlink {path}", op="readlink")
+
+    async def statfs(self) -> FsStats:
+        return await self.call(self.sync.statfs, what="statfs", op="statfs", fast=True)
+
+    # -- changes (never abandoned) ---------------------------------------------------------
+
     async def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        attempts: int | None = None,
     ) -> Entry:
-        # origins written before puts carried a mode take three arguments: pass it only if set
-        args = (path, source, if_match) if mode is None else (path, source, if_match, mode)
-        return await self.call(self.sync.put, *args, what=f"put {path}")
+        fn = functools.partial(self.sync.put, mode=mode, mtime_ns=mtime_ns)
+        return await self.call(
+            fn,
+            path,
+            source,
+            if_match,
+            what=f"put {path}",
+            op="put",
+            abandon=False,
+            attempts=attempts,
+        )
 
     async def delete(self, path: str) -> None:
-        await self.call(self.sync.delete, path, what=f"delete {path}")
+        await self.call(self.sync.delete, path, what=f"delete {path}", op="delete", abandon=False)
 
     async def mkdir(self, path: str, mode: int = 0o755) -> Entry:
-        return await self.call(self.sync.mkdir, path, mode, what=f"mkdir {path}")
+        return await self.call(
+            self.sync.mkdir, path, mode, what=f"mkdir {path}", op="mkdir", abandon=False
+        )
 
     async def rmdir(self, path: str) -> None:
-        await self.call(self.sync.rmdir, path, what=f"rmdir {path}")
+        await self.call(self.sync.rmdir, path, what=f"rmdir {path}", op="rmdir", abandon=False)
 
     async def rename(self, src: str, dst: str, replace: bool = True) -> None:
-        await self.call(self.sync.rename, src, dst, replace, what=f"rename {src}")
+        await self.call(
+            self.sync.rename, src, dst, replace, what=f"rename {src}", op="rename", abandon=False
+        )
 
     async def symlink(self, path: str, target: str) -> Entry:
-        return await self.call(self.sync.symlink, path, target, what=f"symlink {path}")
-
-    async def readlink(self, path: str) -> str:
-        return await self.call(self.sync.readlink, path, what=f"readlink {path}")
+        return await self.call(
+            self.sync.symlink, path, target, what=f"symlink {path}", op="symlink", abandon=False
+        )
 
     async def set_attrs(
         self, path: str, mode: int | None = None, mtime_ns: int | None = None
     ) -> Entry:
-        return await self.call(self.sync.set_attrs, path, mode, mtime_ns, what=f"setattr {path}")
-
-    async def statfs(self) -> FsStats:
-        return await self.call(self.sync.statfs, what="statfs")
+        return await self.call(
+            self.sync.set_attrs,
+            path,
+            mode,
+            mtime_ns,
+            what=f"setattr {path}",
+            op="set_attrs",
+            abandon=False,
+        )

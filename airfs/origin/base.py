@@ -110,6 +110,16 @@ class Conflict(OriginError):
     default_errno = errno.EIO
 
 
+class InvalidName(OriginError):
+    """The origin cannot store this name (characters it rewrites or refuses)."""
+
+    default_errno = errno.EINVAL
+
+
+class NameTooLong(OriginError):
+    default_errno = errno.ENAMETOOLONG
+
+
 class NoSpace(OriginError):
     default_errno = errno.ENOSPC
 
@@ -149,12 +159,41 @@ def from_oserror(exc: OSError, path: str) -> OriginError:
     return cls(f"{path or '/'}: {exc.strerror or exc}", code)
 
 
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What an origin can do, declared (never sniffed). Every wrapper forwards its inner
+    origin's capabilities, less what it cannot pass on.
+
+    * ``pin``: ``pin``/``unpin`` keep an opened version readable after it is replaced;
+    * ``conditional_put``: ``put(if_match=...)`` is checked atomically by the origin (two
+      nodes never silently overwrite each other);
+    * ``symlinks``: ``symlink``/``readlink`` work;
+    * ``modes`` / ``mtimes``: permission bits / modification times given to ``put`` and
+      ``set_attrs`` are kept;
+    * ``md5_etag``: the version tag of an object is the hex MD5 of its bytes (S3 single-part),
+      so a commit can tell cheaply whether its bytes are already there.
+    """
+
+    pin: bool = False
+    conditional_put: bool = False
+    symlinks: bool = False
+    modes: bool = False
+    mtimes: bool = False
+    md5_etag: bool = False
+
+
 @runtime_checkable
 class Origin(Protocol):
     """The storage behind a mount. All paths are relative (see the module docstring)."""
 
     #: Human-readable description, e.g. ``"/data/volumes"`` or ``"s3://bucket/prefix"``.
     url: str
+    capabilities: Capabilities
+
+    def check_name(self, path: str) -> None:
+        """Raise :class:`InvalidName` (EINVAL) or :class:`NameTooLong` (ENAMETOOLONG) if the
+        origin cannot store an object at ``path``; called before anything is created there."""
+        ...
 
     def stat(self, path: str) -> Entry:
         """Describe one object or directory. Raises :class:`NotFound`."""
@@ -176,16 +215,22 @@ class Origin(Protocol):
         ...
 
     def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
         """Atomically replace (or create) ``path`` with the content of local file ``source``.
 
-        Readers see the old object or the whole new one. With ``if_match`` (a version tag, or
-        ``""`` meaning "must not exist"), raises :class:`Conflict` when the current object does
-        not match, where the origin can check it. ``mode`` (permission bits) is the new
-        object's mode from its first moment under ``path``; None keeps the mode of the object
-        it replaces (a plain file's; never a symbolic link's), or 0o644 for a new one. Returns
-        the new entry (with its version).
+        Readers see the old object or the whole new one, and the new one has its final
+        ``mode`` and ``mtime_ns`` (where the origin keeps them) from its first visible moment;
+        ``mode`` None keeps the replaced object's mode (0644 for a new one), ``mtime_ns`` None
+        means now. With ``if_match`` (a version tag, or ``""`` meaning "must not exist"),
+        raises :class:`Conflict` when the current object does not match. Returns the new
+        entry (with its version).
         """
         ...
 

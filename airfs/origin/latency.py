@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from .base import Entry, FsStats, Origin
+from .base import Capabilities, Entry, FsStats, Origin
 
 
 class _Link:
@@ -102,13 +102,33 @@ class LatencyOrigin:
     # -- writes --------------------------------------------------------------------------
 
     def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
         self._request("put")
         self._transfer(os.stat(source).st_size)
-        if mode is None:
-            return self.inner.put(path, source, if_match)
-        return self.inner.put(path, source, if_match, mode)
+        return self.inner.put(path, source, if_match, mode=mode, mtime_ns=mtime_ns)
+
+    # -- forwarded as they are -----------------------------------------------------------
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return self.inner.capabilities
+
+    def check_name(self, path: str) -> None:
+        self.inner.check_name(path)
+
+    def pin(self, path: str, version: str) -> None:
+        self._request("pin")
+        self.inner.pin(path, version)  # type: ignore[attr-defined]
+
+    def unpin(self, path: str, version: str) -> None:
+        self.inner.unpin(path, version)  # type: ignore[attr-defined]
 
     def delete(self, path: str) -> None:
         self._request("delete")

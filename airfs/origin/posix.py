@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import stat
 import threading
@@ -22,6 +23,7 @@ import uuid
 from collections.abc import Iterator
 
 from .base import (
+    Capabilities,
     Conflict,
     Entry,
     Exists,
@@ -76,7 +78,14 @@ def _copy_sparse(src: int, dst: int) -> None:
         end = os.lseek(src, start, os.SEEK_HOLE)
         off_in, off_out = start, start
         while off_in < end:
-            n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
+            try:
+                n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
+            except OSError as exc:
+                # another filesystem (NFS origin, local cache) or no in-kernel copy: copy here
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise
+                data = os.pread(src, min(8 << 20, end - off_in), off_in)
+                n = os.pwrite(dst, data, off_out) if data else 0
             if n == 0:
                 break
             off_in += n
@@ -86,7 +95,18 @@ def _copy_sparse(src: int, dst: int) -> None:
 
 
 class PosixOrigin:
-    """An origin backed by a local (or NFS, or any POSIX) directory."""
+    """An origin backed by a local (or NFS, or any POSIX) directory.
+
+    Conditional puts are checked and renamed into place under an exclusive ``flock`` of the
+    target's directory, so two nodes (mounts) sharing the directory never overwrite each
+    other's commit silently (on NFS this relies on the server's lock support)."""
+
+    capabilities = Capabilities(
+        pin=True, conditional_put=True, symlinks=True, modes=True, mtimes=True
+    )
+
+    def check_name(self, path: str) -> None:
+        return None
 
     def __init__(self, root: str, *, dir_fd: int | None = None) -> None:
         """Open ``root`` (or adopt ``dir_fd``, already open on it; the origin then owns it).
@@ -240,9 +260,8 @@ class PosixOrigin:
 
     # -- writes --------------------------------------------------------------------------
 
-    def _check_match(self, path: str, if_match: str | None) -> int | None:
-        """Check a put's precondition; return the current mode if a plain file is there (a
-        symbolic link's 0o777 is not a file's mode: a put over a link makes a new file)."""
+    def _check_match(self, path: str, if_match: str | None) -> Entry | None:
+        """Check a put's precondition; return the current entry if something is there."""
         try:
             cur = self.stat(path)
         except NotFound:
@@ -252,39 +271,61 @@ class PosixOrigin:
         if cur.kind is Kind.DIR:
             raise IsADir(f"{path}: is a directory")
         if if_match is not None and cur.version != if_match:
-            raise Conflict(f"{path}: changed at the origin since it was opened")
-        return cur.mode if cur.kind is Kind.FILE else None
+            what = "exists" if if_match == "" else "changed at the origin since it was opened"
+            raise Conflict(f"{path}: {what}")
+        return cur
 
     def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
-        """See :meth:`Origin.put`. The temporary file is created 0600 (whatever the umask),
-        given its final mode, filled and fsynced before it is renamed over ``path``: the name
-        never shows the file with another mode."""
-        current = self._check_match(path, if_match)
-        if mode is None:
-            mode = 0o644 if current is None else current
+        """See :meth:`Origin.put`. The temporary file is created 0600 beside the target (the
+        directory resolved without following links), filled and fsynced; then, under an
+        exclusive ``flock`` of the directory, the precondition is checked, the file gets its
+        final mode and is renamed over ``path``: the name never shows it with another mode
+        (``mode`` None keeps a plain file's mode, never a symbolic link's 0o777)."""
+        parent, _, name = path.rpartition("/")
         tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
-            with parent_of(self._fd, path) as (d, name):
+            d = open_beneath(self._fd, parent or ".", os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                exc = OSError(errno.ENOTDIR, "not a directory (a symbolic link)")
+            raise from_oserror(exc, path) from None
+        try:
+            try:
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
                 dst = os.open(tmp, flags, 0o600, dir_fd=d)
                 try:
-                    try:
-                        os.fchmod(dst, stat.S_IMODE(mode))
-                        with open(source, "rb") as src:
-                            _copy_sparse(src.fileno(), dst)
-                        os.fsync(dst)
-                    finally:
-                        os.close(dst)
+                    with open(source, "rb") as src:
+                        _copy_sparse(src.fileno(), dst)
+                    if mtime_ns is not None:
+                        os.utime(dst, ns=(mtime_ns, mtime_ns))
+                    os.fsync(dst)
+                    fcntl.flock(d, fcntl.LOCK_EX)  # released when d is closed
+                    cur = self._check_match(path, if_match)
+                    if mode is None:
+                        keep = cur is not None and cur.kind is Kind.FILE
+                        mode = cur.mode if keep and cur is not None else 0o644
+                    os.fchmod(dst, stat.S_IMODE(mode))
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-                except OSError:
-                    with contextlib.suppress(OSError):
-                        os.unlink(tmp, dir_fd=d)
-                    raise
-        except OSError as exc:
-            raise from_oserror(exc, path) from None
-        return self.stat(path)
+                    st = os.fstat(dst)
+                finally:
+                    os.close(dst)
+            except BaseException as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=d)
+                if isinstance(exc, OSError) and not isinstance(exc, OriginError):
+                    raise from_oserror(exc, path) from None
+                raise
+        finally:
+            os.close(d)
+        return _entry(name, st)
 
     def delete(self, path: str) -> None:
         try:

@@ -73,12 +73,15 @@ import obstore.exceptions as oe
 from obstore.store import S3Store
 
 from .base import (
+    Capabilities,
     Conflict,
     Entry,
     Exists,
     FsStats,
+    InvalidName,
     IsADir,
     Kind,
+    NameTooLong,
     NoSpace,
     NotADir,
     NotEmpty,
@@ -608,9 +611,11 @@ class S3Origin:
                     f"s3://{bucket}: bad S3 configuration: {_first_line(exc)}"
                 ) from None
 
+        # obstore's own retries are off: the one retry policy is AsyncOrigin's (async, outside
+        # the origin's concurrency limit)
         store = make_store(
             {
-                "max_retries": 3,
+                "max_retries": 0,
                 "retry_timeout": dt.timedelta(seconds=min(timeout, 120.0)),
                 "backoff": {
                     "init_backoff": dt.timedelta(milliseconds=100),
@@ -940,11 +945,44 @@ class S3Origin:
             what = "exists" if if_match == "" else "changed at the origin since it was opened"
             raise Conflict(f"{self._where(path)}: {what}")
 
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            pin=False,
+            conditional_put=self.conditional_writes(),
+            symlinks=False,
+            modes=True,
+            mtimes=False,
+            md5_etag=True,
+        )
+
+    def check_name(self, path: str) -> None:
+        """Names S3 (or the server) cannot keep as given: keys over 1,024 bytes, names that
+        are not UTF-8, control characters, and ``\\`` (SeaweedFS stores it as ``/``)."""
+        try:
+            key = self._key(path).encode("utf-8")
+        except UnicodeEncodeError:
+            raise InvalidName(f"{self._where(path)!r}: S3 keys must be UTF-8") from None
+        if len(key) + 1 > 1024:  # +1: a directory's marker key ends in "/"
+            raise NameTooLong(f"{self._where(path)[:80]}...: S3 keys are at most 1,024 bytes")
+        if "\\" in path or any(ord(c) < 0x20 or c == "\x7f" for c in path):
+            raise InvalidName(
+                f"{self._where(path)!r}: S3 origins cannot keep backslashes or control "
+                "characters in names"
+            )
+
     def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
         """See :meth:`Origin.put`: the mode travels in the object's metadata, so the object
-        never exists without it. With ``mode=None`` the replaced object's mode is kept."""
+        never exists without it (``mode`` None keeps the replaced object's mode); ``mtime_ns``
+        is not kept (S3 sets Last-Modified)."""
         where = self._where(path)
         if not path:
             raise IsADir(f"{where}: is a directory")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airfs.origin.base import (
+    Capabilities,
     Conflict,
     Entry,
     Exists,
@@ -43,6 +44,13 @@ class _Obj:
 
 class MemoryOrigin:
     """A thread-safe origin held in a dict. Versions are a global counter."""
+
+    capabilities = Capabilities(
+        pin=False, conditional_put=True, symlinks=True, modes=True, mtimes=True
+    )
+
+    def check_name(self, path: str) -> None:
+        return None
 
     def __init__(self) -> None:
         self.url = "memory://"
@@ -105,14 +113,26 @@ class MemoryOrigin:
             return data
 
     def put(
-        self, path: str, source: str, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
         with open(source, "rb") as f:
             data = f.read()
-        return self.put_bytes(path, data, if_match, mode)
+        return self.put_bytes(path, data, if_match, mode=mode, mtime_ns=mtime_ns)
 
     def put_bytes(
-        self, path: str, data: bytes, if_match: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
     ) -> Entry:
         """Like :meth:`put`, from bytes (handy in tests)."""
         with self._lock:
@@ -126,6 +146,8 @@ class MemoryOrigin:
             if mode is None:
                 mode = cur.mode if cur is not None and cur.kind is Kind.FILE else 0o644
             o = self._new(Kind.FILE, data=bytes(data), mode=mode & 0o7777)
+            if mtime_ns is not None:
+                o.mtime_ns = mtime_ns
             self._objs[path] = o
             return self._entry(path, o)
 

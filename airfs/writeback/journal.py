@@ -1,22 +1,41 @@
 """The write-back journal: which staged files are closed and wait for their commit.
 
-An LMDB environment under ``<cache-dir>/journal``. One record per staged file, keyed by its
-staging id, holding the path it commits to and what the commit needs. A record is written when
-a written file is closed and deleted once its content is at the origin.
+An LMDB environment under ``<cache-dir>/journal``. One record per closed staged file, keyed by
+its staging id, holding the path it commits to and what the commit needs. A record is written
+when a written file is closed and deleted once its content is at the origin. Changes that
+belong together (a new version's record and the deletion of the version it supersedes; every
+record moved by a directory rename) are written in one transaction: :meth:`Journal.write`.
+
+Each record is also kept on its staging file itself (the extended attribute
+:data:`RECORD_XATTR`), so that a journal that was deleted, emptied or damaged is *detected*
+at start (closed staged files without a record) and can be rebuilt losslessly
+(:func:`airfs.writeback.recovery.rebuild_journal`) instead of being silently dropped.
 
 Durability: records are written without an fsync per transaction (``sync=False``), so a record
-survives a crash of the daemon as soon as :meth:`Journal.put` returns (it is in the kernel's page
-cache); :meth:`Journal.sync` (called periodically by the daemon, and on ``fsync``/``flush``/
-unmount) makes it survive a power loss too.
+survives a crash of the daemon as soon as :meth:`Journal.write` returns (it is in the kernel's
+page cache); :meth:`Journal.sync` (called periodically by the daemon, and on ``fsync``/
+``flush``/unmount) makes it survive a power loss too.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
 import lmdb
+
+#: extended attribute of a staging file holding its journal record (JSON) while it has one
+RECORD_XATTR = "user.airfs.record"
+#: extended attribute holding the path a staging file commits to (kept from creation on, so
+#: a file open for writing at a crash is recovered under its path)
+PATH_XATTR = "user.airfs.path"
+
+
+class JournalDamaged(Exception):
+    """The journal cannot be trusted (truncated, unreadable); the message says how to recover."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,37 +50,105 @@ class Record:
     seq: int
     first_pending_ns: int
 
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
 
-class Journal:
-    """Pending-commit records in LMDB. Methods are short blocking calls (no fsync)."""
+    @classmethod
+    def decode(cls, raw: bytes) -> Record:
+        return cls(**json.loads(raw))
 
-    def __init__(self, directory: str, map_size: int = 1 << 30) -> None:
-        os.makedirs(directory, exist_ok=True)
-        self._env = lmdb.open(
-            directory, map_size=map_size, sync=False, metasync=False, max_dbs=1, lock=True
+
+def _no_space(exc: lmdb.Error) -> OSError:
+    return OSError(errno.ENOSPC, f"journal: cannot record the change ({exc})")
+
+
+def check_files(directory: str) -> None:
+    """Refuse an LMDB data file that is shorter than what its meta pages say it holds (a
+    half-truncated journal would crash the daemon with SIGBUS when read)."""
+    data = os.path.join(directory, "data.mdb")
+    try:
+        size = os.stat(data).st_size
+    except FileNotFoundError:
+        return
+    if size == 0:
+        return  # an empty file is a new journal; recovery compares it with the staging files
+    page = os.sysconf("SC_PAGE_SIZE")
+    if size < 2 * page:
+        raise JournalDamaged(f"journal {data} is truncated ({size} bytes)")
+    with open(data, "rb") as f:
+        head = f.read(2 * page)
+    last = 0
+    for meta in (head[:page], head[page:]):
+        # MDB_meta follows the 16-byte page header: magic u32, version u32, address u64,
+        # mapsize u64, two MDB_db of 48 bytes, then mm_last_pg u64
+        magic = int.from_bytes(meta[16:20], "little")
+        if magic != 0xBEEFC0DE:
+            raise JournalDamaged(f"journal {data} is not an LMDB file (bad magic)")
+        last = max(last, int.from_bytes(meta[16 + 8 + 8 + 8 + 96 : 16 + 8 + 8 + 8 + 104], "little"))
+    if (last + 1) * page > size:
+        raise JournalDamaged(
+            f"journal {data} is truncated ({size} bytes, its pages need {(last + 1) * page})"
         )
 
+
+class Journal:
+    """Pending-commit records in LMDB. Methods are short blocking calls (no fsync); LMDB
+    failures (disk or map full) surface as ``OSError(ENOSPC)``."""
+
+    def __init__(self, directory: str, map_size: int = 1 << 30) -> None:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_files(directory)
+        try:
+            self._env = lmdb.open(
+                directory,
+                map_size=map_size,
+                sync=False,
+                metasync=False,
+                max_dbs=1,
+                lock=True,
+                mode=0o600,
+            )
+        except lmdb.Error as exc:
+            raise JournalDamaged(f"journal {directory} cannot be opened: {exc}") from None
+
+    def write(self, puts: Iterable[Record] = (), deletes: Iterable[str] = ()) -> None:
+        """Put and delete records in one transaction (all or nothing)."""
+        try:
+            with self._env.begin(write=True) as txn:
+                for rec_id in deletes:
+                    txn.delete(rec_id.encode())
+                for rec in puts:
+                    txn.put(rec.id.encode(), rec.encode())
+        except lmdb.Error as exc:
+            raise _no_space(exc) from None
+
     def put(self, rec: Record) -> None:
-        with self._env.begin(write=True) as txn:
-            txn.put(rec.id.encode(), json.dumps(asdict(rec)).encode())
+        self.write(puts=(rec,))
 
     def delete(self, rec_id: str) -> None:
-        with self._env.begin(write=True) as txn:
-            txn.delete(rec_id.encode())
+        self.write(deletes=(rec_id,))
 
     def records(self) -> list[Record]:
         """Every record, oldest first (by ``seq``)."""
         out = []
-        with self._env.begin() as txn:
-            for _key, value in txn.cursor():
-                out.append(Record(**json.loads(bytes(value))))
+        try:
+            with self._env.begin() as txn:
+                for _key, value in txn.cursor():
+                    out.append(Record.decode(bytes(value)))
+        except (lmdb.Error, ValueError, TypeError) as exc:
+            raise JournalDamaged(f"journal records cannot be read: {exc}") from None
         out.sort(key=lambda r: r.seq)
         return out
 
     def sync(self) -> None:
         """Flush the journal to disk (survives power loss)."""
-        self._env.sync(True)
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise _no_space(exc) from None
 
     def close(self) -> None:
-        self._env.sync(True)
-        self._env.close()
+        try:
+            self._env.sync(True)
+        finally:
+            self._env.close()

@@ -1,25 +1,38 @@
 """The uploader: commits closed staged files to the origin in the background.
 
-Order: oldest first (by the time a file first became pending; rewriting a pending file does not
-push it back, so nothing starves), files asked for by ``fsync``/``flush`` before the rest. A file
-is uploaded once no process has it open for writing (or at once when fsync'ed); writes that
-arrive while its upload runs wait for the upload to finish and then make it pending again, so
-the origin always ends with the latest content, and never a mix: ``Origin.put`` is atomic.
+Order: a heap by the time a file first became pending (rewriting a pending file does not push
+it back, so nothing starves), files asked for by ``fsync``/``flush`` before the rest. A file is
+uploaded once no process has it open for writing (or at once when fsync'ed), and only after
+the closed version it supersedes (so one path's versions reach the origin in order, each
+*If-Match* the one before). A rewrite never waits for an upload: it writes a new staged file.
+
+Commits are idempotent: a conditional put that fails because the origin already holds exactly
+these bytes (a retried PUT whose first attempt landed, a crash between the PUT and the journal
+update) is a success, not a conflict. Sizes, then the MD5 ETag (S3 single-part) or the bytes
+themselves, are compared.
 
 Failures: transient errors (origin down, timeouts) are retried with backoff, forever; other
 errors (permission denied...) are retried slowly and reported in ``status`` and the log; a
-conditional commit that loses to a newer object at the origin (:class:`Conflict`) is kept
-aside in ``<cache-dir>/conflicts/`` and reported. Nothing is dropped.
+conditional commit that loses to a different object at the origin (:class:`Conflict`) keeps
+its bytes in ``<cache-dir>/conflicts/`` (mode 0600), and every barrier that covered it
+(``fsync``, ``airfs flush``, unmount) fails naming the file and where its bytes are.
 """
 
 from __future__ import annotations
 
 import collections
-import errno
+import contextlib
+import hashlib
+import heapq
+import itertools
 import logging
+import os
 import random
+import re
+import shutil
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import trio
@@ -32,6 +45,48 @@ from .staging import Staged, StagingArea
 log = logging.getLogger(__name__)
 
 CommittedHook = Callable[[str, Entry, Staged], Awaitable[None]]
+_MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
+#: bytes compared directly (no MD5 ETag) to tell whether a commit is already at the origin
+COMPARE_MAX = 1 << 30
+
+
+@dataclass(frozen=True)
+class WriteBackStats:
+    """``Uploader.statistics()`` (``airfs status`` shows it under ``writeback``)."""
+
+    pending_files: int
+    pending_bytes: int
+    oldest_pending_s: float
+    uploading: int
+    staging_bytes: int
+    staging_limit: int
+    committed_files: int
+    committed_bytes: int
+    commit_mib_s: float
+    recent_commit_mib_s: float
+    already_committed: int
+    errors: int
+    last_error: str | None
+    failing: tuple[dict[str, Any], ...]
+    conflicts: tuple[dict[str, Any], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["failing"] = list(self.failing)
+        d["conflicts"] = list(self.conflicts)
+        return d
+
+
+def _md5(fd: int, size: int) -> str:
+    h = hashlib.md5(usedforsecurity=False)
+    off = 0
+    while off < size:
+        data = os.pread(fd, min(8 << 20, size - off), off)
+        if not data:
+            break
+        h.update(data)
+        off += len(data)
+    return h.hexdigest()
 
 
 class Uploader:
@@ -43,37 +98,44 @@ class Uploader:
         origin: AsyncOrigin,
         *,
         concurrency: int = 8,
-        conditional: bool = False,
         on_committed: CommittedHook | None = None,
     ) -> None:
         self.area = area
         self.origin = origin
         self.concurrency = concurrency
-        self.conditional = conditional
         self.on_committed = on_committed
         self.active = 0
         self.committed_files = 0
         self.committed_bytes = 0
+        self.already_committed = 0
         self.commit_seconds = 0.0
         self.errors = 0
         self.last_error: str | None = None
-        self.conflicts: list[dict[str, Any]] = []
+        self.conflicts: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
         self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
+        self._heap: list[tuple[bool, int, int, Staged]] = []
+        self._tie = itertools.count()
+        area.on_ready = self.enqueue
+        for st in area.all.values():
+            self.enqueue(st)
 
-    # -- the loop --------------------------------------------------------------------------
+    # -- the queue -------------------------------------------------------------------------
 
-    def _ready(self, now: float) -> list[Staged]:
-        out = [
-            st
-            for st in self.area.all.values()
-            if st.path is not None
+    def enqueue(self, st: Staged) -> None:
+        """``st`` may have become ready to commit (closed, fsync'ed, its predecessor done, or
+        its retry delay passed); checked again when popped."""
+        heapq.heappush(self._heap, (not st.urgent, st.seq or 0, next(self._tie), st))
+        self.area.notify()
+
+    def _ready(self, st: Staged, now: float) -> bool:
+        return (
+            st.path is not None
             and st.dirty
             and not st.uploading
+            and st.pred is None
             and (st.urgent or (st.writers == 0 and st.seq is not None))
             and st.next_try <= now
-        ]
-        out.sort(key=lambda st: (not st.urgent, st.seq if st.seq is not None else 0))
-        return out
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -81,13 +143,17 @@ class Uploader:
             while True:
                 ev = self.area.change_event()
                 now = time.monotonic()
-                for st in self._ready(now)[: max(0, self.concurrency - self.active)]:
-                    self._start(nursery, st)
-                waits = [
-                    st.next_try - now
-                    for st in self.area.all.values()
-                    if st.dirty and not st.uploading and st.next_try > now
-                ]
+                later: list[tuple[bool, int, int, Staged]] = []
+                while self._heap and self.active < self.concurrency:
+                    item = heapq.heappop(self._heap)
+                    st = item[3]
+                    if self._ready(st, now):
+                        self._start(nursery, st)
+                    elif st.next_try > now and st.dirty and st.path is not None:
+                        later.append(item)  # retried when its delay has passed
+                for item in later:
+                    heapq.heappush(self._heap, item)
+                waits = [it[3].next_try - now for it in later]
                 with trio.move_on_after(min(waits) if waits else 5.0):
                     await ev.wait()
 
@@ -102,66 +168,133 @@ class Uploader:
         assert path is not None
         t0 = time.monotonic()
         try:
-            # conditional commits: replace only the version this node started from; a new
-            # file only if nobody created one meanwhile ("" = must not exist)
-            if_match = (st.base_version or "") if self.conditional else None
-            entry = await self.origin.put(path, st.file, if_match)
-            if entry.mode != st.mode & 0o7777 and st.base_version is None:
-                entry = await self.origin.set_attrs(path, mode=st.mode & 0o7777)
+            entry = await self._commit(st, path)
         except Conflict as exc:
-            kept = self.area.set_aside(st, str(exc))
-            self.conflicts.append({"path": path, "kept": kept, "error": str(exc)})
-            self._fail(st, f"{path}: {exc} (kept in {kept})", final=True)
-            self.area.discard(st)
+            await self._lost(st, path, exc)
         except OriginError as exc:
-            self._fail(st, f"commit of {path} failed: {exc}", final=False, transient=exc.transient)
+            self._fail(st, f"commit of {path} failed: {exc}", transient=exc.transient)
         except Exception as exc:  # a bug must not kill the uploader and strand the queue
             log.exception("commit of %s failed", path)
-            self._fail(st, f"commit of {path} failed: {exc!r}", final=False, transient=False)
+            self._fail(st, f"commit of {path} failed: {exc!r}", transient=False)
         else:
-            elapsed = time.monotonic() - t0
-            self.committed_files += 1
-            self.committed_bytes += entry.size
-            self.commit_seconds += elapsed
-            self._recent.append((time.monotonic(), entry.size))
-            if st.path != path:
-                await self._undo_stray(path)
-            else:
-                self.area.mark_committed(st, gen)
-                st.base_version = entry.version
-                if gen == st.gen:
-                    st.urgent = False
-                if self.on_committed is not None:
-                    await self.on_committed(path, entry, st)
-                log.debug("committed %s (%d bytes, %.3fs)", path, entry.size, elapsed)
+            try:
+                if st.path != path:  # deleted while its upload ran
+                    if st.path is None and self.area.get(path) is None:
+                        await self._undo_stray(path)
+                else:
+                    superseded = st.succ is not None
+                    self._done(st, path, gen, entry, time.monotonic() - t0)
+                    if not superseded and self.on_committed is not None:
+                        await self.on_committed(path, entry, st)
+            except Exception:
+                log.exception("bookkeeping after the commit of %s failed", path)
         finally:
             self.active -= 1
             st.uploading = False
             st.upload_done.set()
+            succ = st.succ
             self.area.release(st)
+            if succ is not None:
+                self.enqueue(succ)
+            if st.dirty and st.path is not None:
+                self.enqueue(st)
             self.area.notify()
 
-    async def _undo_stray(self, path: str) -> None:
-        """``path`` was renamed or deleted locally while its upload ran: remove what the upload
-        put there, unless another staged file now owns the path."""
-        if self.area.get(path) is not None:
+    async def _commit(self, st: Staged, path: str) -> Entry:
+        """Put ``st`` at ``path``, conditional on the version it replaces where the origin can
+        check it; a conflict whose winner holds our very bytes is a success."""
+        caps = self.origin.capabilities
+        if_match = (st.base_version or "") if caps.conditional_put else None
+        try:
+            return await self.origin.put(
+                path,
+                st.file,
+                if_match,
+                mode=st.mode & 0o7777,
+                mtime_ns=st.mtime_ns,
+            )
+        except Conflict:
+            entry = await self._already_there(path, st)
+            if entry is None:
+                raise
+            self.already_committed += 1
+            log.info("%s: the origin already holds these bytes (a commit that landed)", path)
+            return entry
+
+    async def _already_there(self, path: str, st: Staged) -> Entry | None:
+        try:
+            entry = await self.origin.stat(path)
+        except NotFound:
+            return None
+        if entry.size != st.size:
+            return None
+        m = _MD5_ETAG.match(entry.version)
+        if self.origin.capabilities.md5_etag and m:
+            digest = await trio.to_thread.run_sync(_md5, st.fd, st.size)
+            return entry if digest == m.group(1).lower() else None
+        if st.size > COMPARE_MAX:
+            return None
+        sync = self.origin.sync
+
+        def same() -> bool:
+            off = 0
+            while off < st.size:
+                n = min(8 << 20, st.size - off)
+                if sync.read_range(path, off, n, entry.version) != os.pread(st.fd, n, off):
+                    return False
+                off += n
+            return True
+
+        try:
+            return entry if await trio.to_thread.run_sync(same) else None
+        except OriginError:
+            return None
+
+    def _done(self, st: Staged, path: str, gen: int, entry: Entry, elapsed: float) -> None:
+        self.committed_files += 1
+        self.committed_bytes += entry.size
+        self.commit_seconds += elapsed
+        self._recent.append((time.monotonic(), entry.size))
+        self.area.mark_committed(st, gen, entry.version)
+        if gen == st.gen:
+            st.urgent = False
+        log.debug("committed %s (%d bytes, %.3fs)", path, entry.size, elapsed)
+
+    async def _lost(self, st: Staged, path: str, exc: Conflict) -> None:
+        """Another writer won at the origin: keep our bytes aside (0600), report, discard."""
+        dst = self.area.conflict_copy(st)
+        try:
+            await trio.to_thread.run_sync(_copy_private, st.file, dst)
+        except OSError as copy_exc:
+            # the bytes must not be lost: keep the staged file pending and say why
+            self._fail(st, f"{path}: {exc}; could not keep a copy: {copy_exc}", transient=False)
             return
+        st.conflict = (path, dst)
+        msg = f"{path}: {exc} (kept in {dst})"
+        self.conflicts.append({"path": path, "kept": dst, "error": str(exc)})
+        self.errors += 1
+        self.last_error = msg
+        log.error("commit lost a conflict: %s", msg)
+        self.area.discard(st)
+
+    async def _undo_stray(self, path: str) -> None:
+        """``path`` was deleted locally while its upload ran: remove what the upload put
+        there, unless another staged file now owns the path."""
         try:
             await self.origin.delete(path)
         except NotFound:
             pass
         except OriginError as exc:
-            log.error("could not remove %s after a rename during its commit: %s", path, exc)
+            log.error("could not remove %s after a delete during its commit: %s", path, exc)
 
-    def _fail(self, st: Staged, msg: str, *, final: bool, transient: bool = True) -> None:
+    def _fail(self, st: Staged, msg: str, *, transient: bool) -> None:
         self.errors += 1
         self.last_error = msg
         st.error = msg
         st.error_transient = transient
         st.attempts += 1
-        if not final:
-            base = 0.5 * 2 ** min(st.attempts, 6) if transient else 30.0
-            st.next_try = time.monotonic() + min(30.0, base) * random.uniform(0.8, 1.2)
+        base = 0.5 * 2 ** min(st.attempts, 6) if transient else 30.0
+        st.next_try = time.monotonic() + min(30.0, base) * random.uniform(0.8, 1.2)
         log.error("%s (attempt %d)", msg, st.attempts)
 
     # -- barriers --------------------------------------------------------------------------
@@ -172,71 +305,61 @@ class Uploader:
         """Return once every write under ``dir_path`` made before the call is at the origin.
 
         Files still open for writing are committed as they are now. Raises ``OSError`` naming
-        the files that failed for a non-transient reason; keeps waiting through transient
-        ones (cancel the caller to give up).
-        """
-        targets = [(st, st.gen) for st in self.area.under(dir_path) if st.dirty]
-        total = len(targets)
-        for st, _gen in targets:
-            if st.writers:
-                st.urgent = True
-        self.area.notify()
-        last = 0.0
-        while True:
-            ev = self.area.change_event()
-            left = [(st, g) for st, g in targets if st.path is not None and st.committed_gen < g]
-            if not left:
-                return {"files": total}
-            hard = [
-                st
-                for st, _ in left
-                if st.error and not st.error_transient and st.attempts >= 2 and not st.uploading
-            ]
-            if hard:
-                names = ", ".join(str(st.path) for st in hard[:5])
-                raise OSError(
-                    errno.EIO, f"{len(hard)} file(s) cannot be committed ({names}): {hard[0].error}"
-                )
-            now = time.monotonic()
-            if on_progress is not None and now - last >= 0.5:
-                last = now
-                on_progress(
-                    {
-                        "left": len(left),
-                        "total": total,
-                        "bytes_left": sum(st.size for st, _ in left),
-                    }
-                )
-            with trio.move_on_after(1.0):
-                await ev.wait()
+        the files that cannot be committed (non-transient failure) or that lost a conflict
+        (with where their bytes are); keeps waiting through transient failures (cancel the
+        caller to give up)."""
+        live = self.area.under(dir_path)
+        for st in live:
+            if st.writers and st.dirty:
+                # committed as it is now: journaled, so that later writes go to a new version
+                self.area.journal_closed(st)
+        targets = [(v, v.gen) for st in live for v in self.area.versions(st) if v.dirty]
+        return await self.commit(targets, on_progress)
 
-    def statistics(self) -> dict[str, Any]:
+    async def commit(
+        self,
+        targets: list[tuple[Staged, int]],
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        """Commit each ``(staged, generation)`` now and wait (the rules of :meth:`flush`)."""
+        return {"files": await self.area.wait_committed(targets, on_progress)}
+
+    def statistics(self) -> WriteBackStats:
         pending = self.area.pending()
         now_ns = time.time_ns()
         oldest = min((st.first_pending_ns for st in pending if st.seq is not None), default=0)
         window = [(t, n) for t, n in self._recent if time.monotonic() - t < 60]
         span = (window[-1][0] - window[0][0]) if len(window) > 1 else 0.0
-        return {
-            "pending_files": len(pending),
-            "pending_bytes": sum(st.size for st in pending),
-            "oldest_pending_s": round((now_ns - oldest) / 1e9, 3) if oldest else 0.0,
-            "uploading": self.active,
-            "staging_bytes": self.area.bytes,
-            "staging_limit": self.area.limit,
-            "committed_files": self.committed_files,
-            "committed_bytes": self.committed_bytes,
-            "commit_mib_s": round(self.committed_bytes / self.commit_seconds / 2**20, 1)
+        return WriteBackStats(
+            pending_files=len(pending),
+            pending_bytes=sum(st.size for st in pending),
+            oldest_pending_s=round((now_ns - oldest) / 1e9, 3) if oldest else 0.0,
+            uploading=self.active,
+            staging_bytes=self.area.bytes,
+            staging_limit=self.area.limit,
+            committed_files=self.committed_files,
+            committed_bytes=self.committed_bytes,
+            commit_mib_s=round(self.committed_bytes / self.commit_seconds / 2**20, 1)
             if self.commit_seconds
             else 0.0,
-            "recent_commit_mib_s": round(sum(n for _, n in window) / span / 2**20, 1)
+            recent_commit_mib_s=round(sum(n for _, n in window) / span / 2**20, 1)
             if span
             else 0.0,
-            "errors": self.errors,
-            "last_error": self.last_error,
-            "failing": [
+            already_committed=self.already_committed,
+            errors=self.errors,
+            last_error=self.last_error,
+            failing=tuple(
                 {"path": st.path, "error": st.error, "attempts": st.attempts}
                 for st in pending
                 if st.error
-            ][:20],
-            "conflicts": self.conflicts[-20:],
-        }
+            )[:20],
+            conflicts=tuple(self.conflicts)[-20:],
+        )
+
+
+def _copy_private(src: str, dst: str) -> None:
+    fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as out, open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out, 8 << 20)
+        with contextlib.suppress(OSError):
+            os.fsync(out.fileno())

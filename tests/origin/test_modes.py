@@ -28,7 +28,7 @@ def put(case: Case, path: str, data: bytes, mode: int | None) -> None:
     src = case.tmp / f"src-{uuid.uuid4().hex}"
     src.write_bytes(data)
     try:
-        case.origin.put(path, str(src), None, mode)
+        case.origin.put(path, str(src), None, mode=mode)
     finally:
         src.unlink()
 
@@ -96,8 +96,8 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
     a = s3_origin_factory()
     src = tmp_path / "src"
     src.write_bytes(b"private")
-    a.put("d/p", str(src), None, 0o600)
-    a.put("d/q", str(src), None, 0o640)
+    a.put("d/p", str(src), None, mode=0o600)
+    a.put("d/q", str(src), None, mode=0o640)
     obstore.put(a._store, "d/foreign", b"written by another tool")  # no mode metadata
 
     def other(**kwargs: object) -> S3Origin:  # another node: nothing known yet

@@ -20,12 +20,11 @@ from typing import Any
 import pytest
 import trio
 
+from airfs.build import build
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
-from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Kind, NotFound
-from airfs.readpath import DirectReadPath
 from airfs.testing.memory import MemoryOrigin
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
@@ -43,10 +42,10 @@ class GatedOrigin:
         self.gate.set()
         self.in_put = threading.Event()
 
-    def put(self, path: str, source: str, if_match: str | None = None) -> Any:
+    def put(self, path: str, source: str, if_match: str | None = None, **kw: Any) -> Any:
         self.in_put.set()
         self.gate.wait(30)
-        return self.inner.put(path, source, if_match)
+        return self.inner.put(path, source, if_match, **kw)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -99,22 +98,11 @@ class Core:
 async def running_core(
     tmp_path: Path, *, ttl: float = 0.05, wrap: Any = None, mem: MemoryOrigin | None = None
 ) -> AsyncIterator[Core]:
+    """The core as the daemon builds it (airfs.build), over a memory origin."""
     mem = mem or MemoryOrigin()
     sync = wrap(mem) if wrap is not None else mem
-    aorigin = AsyncOrigin(sync, attempts=1)
-    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    root = await aorigin.stat("")
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, root, ttl=ttl)
-    uploader = Uploader(area, aorigin, on_committed=fs.committed)
-    try:
-        async with trio.open_nursery() as nursery:
-            await nursery.start(uploader.run)
-            try:
-                yield Core(fs, mem, area, uploader, sync)
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        area.close()
+    async with build(sync, str(tmp_path / "cache"), ttl=ttl, staging_size=1 << 30, attempts=1) as b:
+        yield Core(b.fs, mem, b.area, b.uploader, sync)
 
 
 def errno_of(exc_info: pytest.ExceptionInfo[OSError]) -> int | None:
@@ -227,7 +215,7 @@ async def test_create_write_release_commits(tmp_path: Path) -> None:
         await c.flush()
         assert c.origin_bytes("new.bin") == data
         assert c.mem.calls["put"] == 1
-        stats = c.uploader.statistics()
+        stats = c.uploader.statistics().to_dict()
         assert stats["pending_files"] == 0 and stats["committed_files"] == 1
         # the staged copy is dropped once committed and closed
         assert c.area.get("new.bin") is None
@@ -546,7 +534,7 @@ async def test_unlink_during_inflight_upload(tmp_path: Path) -> None:
         await c.flush()
         with pytest.raises(NotFound):
             c.mem.stat("gone")
-        assert c.uploader.statistics()["pending_files"] == 0
+        assert c.uploader.statistics().pending_files == 0
 
 
 async def test_symlink(tmp_path: Path) -> None:
@@ -683,7 +671,8 @@ async def test_local_write_wins_over_origin_until_committed(tmp_path: Path) -> N
 
 async def test_known_entries_served_while_origin_unreachable(tmp_path: Path) -> None:
     """A transient origin failure on revalidation serves the last known entry (cached data
-    stays readable when the origin is down); unknown names still fail with the error."""
+    stays readable when the origin is down); an unknown name is absent (ENOENT), so a new
+    file can still be created, and it is committed create-only once the origin is back."""
     from airfs.origin.base import Transient
     from airfs.testing.memory import FaultyOrigin
 
@@ -700,7 +689,13 @@ async def test_known_entries_served_while_origin_unreachable(tmp_path: Path) -> 
         await c.fs.release(fh)
         with pytest.raises(OSError) as info:
             await c.fs.lookup(ROOT_INO, "unknown")
-        assert info.value.errno == errno.EIO
+        assert info.value.errno == errno.ENOENT
+        c.origin.fail["put"] = lambda: Transient("origin down")
+        await c.write_file("unknown", b"made while down")
+        assert (await c.fs.lookup(ROOT_INO, "unknown")).size == 15
+        del c.origin.fail["put"], c.origin.fail["stat"]
+        await c.flush()
+        assert c.origin_bytes("unknown") == b"made while down"
 
 
 async def test_forgotten_names_stay_usable_while_origin_unreachable(tmp_path: Path) -> None:

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import trio
 
+from airfs.build import build
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
-from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import NotFound, PermissionDenied, Transient
-from airfs.readpath import DirectReadPath
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
+from airfs.writeback.recovery import recover
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
@@ -36,26 +36,15 @@ class Core:
 
 @asynccontextmanager
 async def running_core(
-    cache: Path, mem: MemoryOrigin, *, recover: bool = False, start_uploader: bool = True
+    cache: Path, mem: MemoryOrigin, *, start_uploader: bool = True
 ) -> AsyncIterator[Core]:
+    """The core as the daemon builds it (journal recovery included); no in-thread retries:
+    the uploader retries."""
     faulty = FaultyOrigin(mem)
-    aorigin = AsyncOrigin(faulty, attempts=1)  # no in-thread retries: the uploader retries
-    area = StagingArea(str(cache), limit=1 << 30, min_free=0)
-    if recover:
-        area.recover()
-    root = await aorigin.stat("")
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, root, ttl=0.05)
-    uploader = Uploader(area, aorigin, on_committed=fs.committed)
-    try:
-        async with trio.open_nursery() as nursery:
-            if start_uploader:
-                await nursery.start(uploader.run)
-            try:
-                yield Core(fs, mem, faulty, area, uploader)
-            finally:
-                nursery.cancel_scope.cancel()
-    finally:
-        area.close()
+    async with build(
+        faulty, str(cache), ttl=0.05, staging_size=1 << 30, attempts=1, upload=start_uploader
+    ) as b:
+        yield Core(b.fs, mem, faulty, b.area, b.uploader)
 
 
 async def write_file(c: Core, name: str, data: bytes) -> None:
@@ -84,7 +73,7 @@ async def test_transient_put_failure_is_retried_until_committed(tmp_path: Path) 
         for name, data in files.items():
             await write_file(c, name, data)
         await wait_for(lambda: c.uploader.errors >= 3)
-        st = c.uploader.statistics()
+        st = c.uploader.statistics().to_dict()
         assert st["pending_files"] == 3
         assert "origin unreachable" in st["last_error"]
         assert {f["path"] for f in st["failing"]} == set(files)
@@ -100,7 +89,7 @@ async def test_transient_put_failure_is_retried_until_committed(tmp_path: Path) 
             await c.uploader.flush("")
         for name, data in files.items():
             assert origin_bytes(mem, name) == data
-        st = c.uploader.statistics()
+        st = c.uploader.statistics().to_dict()
         assert st["pending_files"] == 0 and st["failing"] == []
         assert st["committed_files"] == 3
         assert c.area.journal.records() == []
@@ -116,7 +105,7 @@ async def test_permanent_failure_is_reported_kept_and_fsync_fails(tmp_path: Path
             await c.fs.fsync(fh)
         assert info.value.errno == errno.EIO
         await c.fs.release(fh)
-        st = c.uploader.statistics()
+        st = c.uploader.statistics().to_dict()
         assert st["pending_files"] == 1
         assert st["failing"] and st["failing"][0]["path"] == "secret"
         assert "write forbidden" in st["failing"][0]["error"]
@@ -133,7 +122,7 @@ async def test_permanent_failure_is_reported_kept_and_fsync_fails(tmp_path: Path
         with trio.fail_after(10):
             await c.uploader.flush("")
         assert origin_bytes(mem, "secret") == b"precious"
-        assert c.uploader.statistics()["failing"] == []
+        assert c.uploader.statistics().to_dict()["failing"] == []
 
 
 async def test_flush_raises_on_permanent_failure(tmp_path: Path) -> None:
@@ -165,7 +154,7 @@ async def test_journal_recovery_makes_closed_files_pending_again(tmp_path: Path)
         # the "crash": the area is closed without committing anything
     assert mem.calls["put"] == 0
     # 2nd "daemon" on the same cache dir
-    async with running_core(cache, mem, recover=True) as c2:
+    async with running_core(cache, mem) as c2:
         assert {st.path for st in c2.area.pending()} <= {"a", "b"}
         # staged content is visible at once, before the commit
         assert (await c2.fs.lookup(ROOT_INO, "b")).size == 4000
@@ -176,8 +165,9 @@ async def test_journal_recovery_makes_closed_files_pending_again(tmp_path: Path)
         with pytest.raises(NotFound):
             mem.stat("open")
         assert c2.area.journal.records() == []
+    # kept under its path (bug: it used to be recovered/<uuid>)
     recovered = list((cache / "recovered").iterdir())
-    assert [p.read_bytes() for p in recovered] == [b"unfinished"]
+    assert [(p.name, p.read_bytes()) for p in recovered] == [("open", b"unfinished")]
 
 
 async def test_recovered_area_lists_pending_before_upload(tmp_path: Path) -> None:
@@ -187,10 +177,11 @@ async def test_recovered_area_lists_pending_before_upload(tmp_path: Path) -> Non
         await write_file(c, "p", b"pending")
     area = StagingArea(str(cache), limit=1 << 30, min_free=0)
     try:
-        got = area.recover()
-        assert [st.path for st in got] == ["p"]
+        report = recover(area)
+        assert report.replayed == 1 and report.recovered == ()
         assert [st.path for st in area.pending()] == ["p"]
         assert area.bytes == 7
-        assert os.pread(got[0].fd, 100, 0) == b"pending"
+        st = area.get("p")
+        assert st is not None and os.pread(st.fd, 100, 0) == b"pending"
     finally:
         area.close()

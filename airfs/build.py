@@ -1,0 +1,103 @@
+"""The one place that builds the filesystem's object graph: origin → read path → write-back
+(staging + journal recovery + uploader) → core, each teardown registered beside its
+construction in one ``AsyncExitStack``.
+
+Used by the daemon (:mod:`airfs.mount`, which adds the FUSE transport and the control socket
+on top) and by the tests, so no test rebuilds the graph by hand. Leaving the context is a
+*crash-like* stop of the write path: nothing is drained (callers drain first with
+``uploader.flush("")`` when they mean to); what is journaled is replayed by the next build on
+the same cache dir.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import trio
+
+from airfs.core.attrs import Owner
+from airfs.core.fs import Filesystem
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Entry, Origin
+from airfs.readpath import DirectReadPath, ReadPath
+from airfs.writeback.recovery import RecoveryReport, recover
+from airfs.writeback.staging import StagingArea
+from airfs.writeback.uploader import Uploader
+
+ReadPathFactory = Callable[[AsyncOrigin, trio.Nursery], Awaitable[ReadPath]]
+
+
+@dataclass
+class Built:
+    """The running pieces of one filesystem."""
+
+    origin: AsyncOrigin
+    root: Entry
+    readpath: ReadPath
+    area: StagingArea
+    uploader: Uploader
+    fs: Filesystem
+    recovery: RecoveryReport
+    nursery: trio.Nursery
+
+
+async def _direct(origin: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
+    return DirectReadPath(origin)
+
+
+@contextlib.asynccontextmanager
+async def build(
+    origin: Origin,
+    cache_dir: str,
+    *,
+    ttl: float = 1.0,
+    staging_size: int = 100 << 30,
+    staging_min_free: int = 0,
+    write_wait: float = 30.0,
+    owner: Owner | None = None,
+    readpath: ReadPathFactory = _direct,
+    rebuild_journal: bool = False,
+    journal_hint: str = "",
+    attempts: int = 5,
+    upload_concurrency: int = 8,
+    upload: bool = True,
+) -> AsyncIterator[Built]:
+    """Build and run the core over ``origin`` with its state in ``cache_dir``.
+
+    Raises :class:`~airfs.writeback.journal.JournalDamaged` when the journal cannot be
+    trusted (see :func:`airfs.writeback.recovery.recover`), and the origin's errors when its
+    root cannot be read. ``upload=False`` (tests) leaves the uploader stopped."""
+    async with contextlib.AsyncExitStack() as stack:
+        aorigin = AsyncOrigin(origin, attempts=attempts)
+        root = await aorigin.stat("")
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        area = StagingArea(cache_dir, limit=staging_size, min_free=staging_min_free)
+        stack.callback(area.close)
+        report = recover(area, rebuild=rebuild_journal, hint=journal_hint)
+        nursery = await stack.enter_async_context(trio.open_nursery())
+        stack.callback(nursery.cancel_scope.cancel)
+        rp = await readpath(aorigin, nursery)
+
+        async def close_readpath() -> None:
+            with trio.CancelScope(shield=True):
+                await rp.aclose()
+
+        stack.push_async_callback(close_readpath)
+        fs = Filesystem(
+            aorigin,
+            rp,
+            area,
+            root,
+            ttl=ttl,
+            owner=owner or Owner(os.getuid(), os.getgid()),
+            write_wait_s=write_wait,
+        )
+        uploader = Uploader(
+            area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency
+        )
+        if upload:
+            await nursery.start(uploader.run)
+        yield Built(aorigin, root, rp, area, uploader, fs, report, nursery)

@@ -1,0 +1,124 @@
+"""Recovery at start: rebuild the staging area from the journal and the staging files.
+
+Contract (nothing closed is ever silently dropped):
+
+* every journaled file becomes pending again, in its original order; two closed versions of
+  one path (a rewrite closed while the previous version was being committed) are chained, the
+  older committed first;
+* a staging file with no record (open for writing when the daemon died) is moved to
+  ``recovered/<its path>`` and reported;
+* a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
+  is missing from the journal means the journal was deleted, emptied or damaged: start is
+  refused with :class:`~airfs.writeback.journal.JournalDamaged` naming the way out, unless
+  ``rebuild`` is set, in which case the journal is rebuilt from those copies;
+* a record whose staging file is gone is reported (its bytes cannot be committed).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from .journal import PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
+from .staging import Staged, StagingArea
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RecoveryReport:
+    """What recovery found (logged, and shown by ``airfs status``)."""
+
+    replayed: int = 0
+    recovered: tuple[str, ...] = ()
+    rebuilt: int = 0
+    missing: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _xattr(path: str, name: str) -> bytes | None:
+    try:
+        return os.getxattr(path, name)
+    except OSError:
+        return None
+
+
+def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> RecoveryReport:
+    """Rebuild ``area`` after a restart (see the module docstring). ``hint`` completes the
+    refusal message with the command that rebuilds the journal."""
+    records = {r.id: r for r in area.journal.records()}
+    names = sorted(os.listdir(area.dir))
+    orphans: dict[str, Record] = {}
+    for name in names:
+        if name in records:
+            continue
+        raw = _xattr(os.path.join(area.dir, name), RECORD_XATTR)
+        if raw is None:
+            continue
+        try:
+            orphans[name] = Record.decode(raw)
+        except (ValueError, TypeError):
+            continue
+    if orphans and not rebuild:
+        raise JournalDamaged(
+            f"the journal in {area.journal_dir} has lost the records of {len(orphans)} closed "
+            f"file(s) waiting for their commit (deleted, emptied or damaged); nothing was "
+            f"changed. Rebuild it from the staging files: {hint or 'mount with --rebuild-journal'}"
+        )
+    if orphans:
+        area.journal.write(puts=orphans.values())
+        records.update(orphans)
+        log.warning("journal rebuilt from %d staging file(s)", len(orphans))
+    missing = []
+    replayed: list[Staged] = []
+    for rec in sorted(records.values(), key=lambda r: r.seq):
+        file = os.path.join(area.dir, rec.id)
+        try:
+            fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            log.error("journal names %s for %s but its staging file is gone", rec.id, rec.path)
+            missing.append(rec.path)
+            area.journal.delete(rec.id)
+            continue
+        st = Staged(
+            rec.id,
+            rec.path,
+            file,
+            fd,
+            rec.base_version,
+            rec.mode,
+            rec.mtime_ns,
+            os.fstat(fd).st_size,
+            seq=rec.seq,
+            first_pending_ns=rec.first_pending_ns,
+        )
+        st.journaled_gen = st.gen
+        older = area.get(rec.path)
+        area.by_path.pop(rec.path, None)  # keep the older version: it is committed first
+        area.adopt(st)
+        if older is not None and older.seq is not None:
+            st.pred, older.succ = older, st
+        replayed.append(st)
+    recovered = []
+    for name in names:
+        if name in records:
+            continue
+        src = os.path.join(area.dir, name)
+        raw_path = _xattr(src, PATH_XATTR)
+        rel = raw_path.decode("utf-8", "surrogateescape") if raw_path else name
+        if not rel or ".." in rel.split("/"):
+            rel = name
+        dst = os.path.join(area.recovered_dir, rel.lstrip("/"))
+        if os.path.lexists(dst):
+            dst = f"{dst}.{int(time.time())}.{name[:8]}"
+        os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+        shutil.move(src, dst)
+        recovered.append(dst)
+        log.warning(
+            "%s was open for writing when the daemon stopped; its staged bytes are kept in %s",
+            rel,
+            dst,
+        )
+    return RecoveryReport(len(replayed), tuple(recovered), len(orphans), tuple(missing))
