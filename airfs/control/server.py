@@ -232,10 +232,14 @@ class ControlServer:
             return await t.warm(paths, int(req.get("jobs", 128)), progress, caller)
 
         async def prefetch() -> Any:
+            # hints: a path gone meanwhile is skipped; one the caller may not read refuses all
             if caller.uid == 0:
                 paths = [normalize(p) for p in _list(req["paths"])]
             else:
-                paths = [await self._checked(caller, p, R) for p in _list(req["paths"])]
+                paths = []
+                for p in _list(req["paths"]):
+                    with contextlib.suppress(FileNotFoundError):
+                        paths.append(await self._checked(caller, p, R))
             return t.prefetch(paths)
 
         async def flush() -> Any:

@@ -316,8 +316,15 @@ def test_dispatch_authorises_each_operation() -> None:
     assert s.statistics()["denied_by_op"] == {"unmount": 1, "warm": 2, "prefetch": 1, "flush": 1}
     assert dispatch(s, ALICE, {"op": "warm", "paths": ["pub/a", "./pub"]}) == {"files": 2}
     assert dispatch(s, ALICE, {"op": "prefetch", "paths": ["pub/a"]}) == {"queued": 1}
+    gone = {"op": "prefetch", "paths": ["pub/gone", "pub/a"]}  # hints: a missing path is skipped
+    assert dispatch(s, ALICE, gone) == {"queued": 1}
     assert dispatch(s, ALICE, {"op": "flush", "path": "shared"}) == {"files": 0}
-    assert d.calls == [("warm", ["pub/a", "pub"]), ("prefetch", ["pub/a"]), ("flush", "shared")]
+    assert d.calls == [
+        ("warm", ["pub/a", "pub"]),
+        ("prefetch", ["pub/a"]),
+        ("prefetch", ["pub/a"]),
+        ("flush", "shared"),
+    ]
     assert dispatch(s, ROOT, {"op": "unmount"}) == {"drained": True}
 
 
