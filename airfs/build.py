@@ -23,7 +23,7 @@ from airfs.core.fs import Filesystem
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin
 from airfs.readpath import DirectReadPath, ReadPath
-from airfs.writeback.recovery import RecoveryReport, recover
+from airfs.writeback.recovery import RecoveryReport, open_area, recover
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
@@ -74,7 +74,13 @@ async def build(
         aorigin = AsyncOrigin(origin, attempts=attempts)
         root = await aorigin.stat("")
         os.makedirs(cache_dir, mode=0o700, exist_ok=True)
-        area = StagingArea(cache_dir, limit=staging_size, min_free=staging_min_free)
+        area = open_area(
+            cache_dir,
+            limit=staging_size,
+            min_free=staging_min_free,
+            rebuild=rebuild_journal,
+            hint=journal_hint,
+        )
         stack.callback(area.close)
         report = recover(area, rebuild=rebuild_journal, hint=journal_hint)
         nursery = await stack.enter_async_context(trio.open_nursery())

@@ -5,7 +5,7 @@ Every call runs in a worker thread (``trio.to_thread.run_sync``) under a shared
 jittered exponential backoff, sleeping on the trio loop *outside* the limiter (a retrying
 call never holds an origin slot while it waits). Origins do not retry on their own.
 
-Outages: once a call has used up its retries on transient errors, the origin is considered
+Outages: once a read has used up its retries on transient errors, the origin is considered
 *down* for :attr:`AsyncOrigin.down_for` seconds (or until any call succeeds). Calls made with
 ``fast=True`` (the core's revalidations of what it already knows) then fail at once instead of
 retrying, so cached data keeps being served without a wait; one call per period still probes.
@@ -112,7 +112,8 @@ class AsyncOrigin:
                     self._down_until = 0.0
                     raise
                 if attempt == tries or (fast and attempt >= 2):
-                    self._down_until = time.monotonic() + self.down_for
+                    if abandon:  # reads decide "down"; a failing upload alone does not
+                        self._down_until = time.monotonic() + self.down_for
                     raise
                 self._retries[op] += 1
                 log.warning("%s failed (attempt %d/%d): %s", what, attempt, tries, exc)

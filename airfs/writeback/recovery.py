@@ -45,6 +45,27 @@ def _xattr(path: str, name: str) -> bytes | None:
         return None
 
 
+def open_area(
+    cache_dir: str, *, limit: int, min_free: int, rebuild: bool, hint: str = ""
+) -> StagingArea:
+    """The staging area of ``cache_dir``. A journal that cannot even be opened (truncated,
+    not LMDB) is refused with the way out; with ``rebuild`` it is moved aside
+    (``journal.damaged.<time>``) and :func:`recover` rebuilds a new one from the staging
+    files."""
+    try:
+        return StagingArea(cache_dir, limit=limit, min_free=min_free)
+    except JournalDamaged as exc:
+        if not rebuild:
+            raise JournalDamaged(
+                f"{exc}; nothing was changed. Rebuild it from the staging files: "
+                f"{hint or 'mount with --rebuild-journal'}"
+            ) from None
+        aside = os.path.join(cache_dir, f"journal.damaged.{int(time.time())}")
+        os.rename(os.path.join(cache_dir, "journal"), aside)
+        log.warning("damaged journal moved to %s; rebuilding it: %s", aside, exc)
+        return StagingArea(cache_dir, limit=limit, min_free=min_free)
+
+
 def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> RecoveryReport:
     """Rebuild ``area`` after a restart (see the module docstring). ``hint`` completes the
     refusal message with the command that rebuilds the journal."""

@@ -434,6 +434,16 @@ class StagingArea:
         for v in versions:
             self._forget_version(v)
 
+    def unchain_if_clean(self, st: Staged) -> None:
+        """``st`` holds nothing the origin lacks (committed before a successor forked from
+        it): the successor need not wait for it; it already replaces ``st``'s version."""
+        succ = st.succ
+        if not st.dirty and succ is not None and succ.pred is st:
+            succ.pred = None
+            succ.base_version = st.base_version
+            st.succ = None
+            self._rejournal([succ])
+
     def _forget_version(self, v: Staged) -> None:
         """``v`` will never be committed (its record is already gone): unlink it from the
         version chain and drop it once unreferenced."""

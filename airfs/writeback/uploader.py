@@ -193,6 +193,7 @@ class Uploader:
             st.uploading = False
             st.upload_done.set()
             succ = st.succ
+            self.area.unchain_if_clean(st)
             self.area.release(st)
             if succ is not None:
                 self.enqueue(succ)
