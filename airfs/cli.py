@@ -100,9 +100,29 @@ def _mount_config(args: argparse.Namespace) -> Any:
     )
 
 
+def clear_dead_mount(mp: str) -> bool:
+    """Unmount (lazily) an airfs mount on ``mp`` whose daemon is gone (the kernel answers
+    ENOTCONN), as left by a daemon killed with SIGKILL; True if one was cleared."""
+    if mounts().get(mp) != MOUNT_TYPE:
+        return False
+    try:
+        os.stat(mp)
+        return False  # alive
+    except OSError as exc:
+        if exc.errno != errno.ENOTCONN:
+            return False
+    cmd = ["umount", "-l", mp] if os.geteuid() == 0 else ["fusermount3", "-u", "-z", mp]
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(cmd, capture_output=True, timeout=30)
+    return mounts().get(mp) != MOUNT_TYPE
+
+
 def check_mountpoint(mountpoint: str, origin: str | None) -> str | None:
-    """The reason ``mountpoint`` cannot be used, or None."""
+    """The reason ``mountpoint`` cannot be used, or None. A dead airfs mount left by a
+    killed daemon is cleared first (its journal is replayed by the new mount)."""
     mp = os.path.realpath(mountpoint)
+    if clear_dead_mount(mp):
+        sys.stderr.write(f"airfs: cleared a dead mount on {mountpoint} (its daemon had died)\n")
     if not os.path.exists(mp):
         return f"mountpoint {mountpoint} does not exist"
     if not os.path.isdir(mp):

@@ -10,6 +10,9 @@ command -v fusermount3 >/dev/null || need_apt+=(fuse3)
 pkg-config --exists fuse3 2>/dev/null || need_apt+=(libfuse3-dev)
 command -v pkg-config >/dev/null || need_apt+=(pkg-config)
 command -v gcc >/dev/null || need_apt+=(gcc)
+# the test suite runs real tools through the mount: vim (scripted edits), flock(1), rsync
+command -v vim >/dev/null || command -v vim.tiny >/dev/null || need_apt+=(vim-tiny)
+command -v flock >/dev/null || need_apt+=(util-linux)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "airfs setup: missing system packages: ${need_apt[*]} (run as root or install them)" >&2

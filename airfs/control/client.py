@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -84,12 +85,14 @@ def request(
     """Send ``op`` with ``args`` to the daemon of ``mountpoint``; return its result.
 
     Progress lines are passed to ``on_progress``. Raises :class:`ControlError` when the daemon
-    cannot be reached or answers with an error.
+    cannot be reached or answers with an error, ``TimeoutError`` when ``timeout`` seconds
+    pass without the result (progress lines do not extend it).
     """
     owner = mount_owner(mountpoint)
     if owner is None:  # not in the mount table (yet): assume it is ours
         owner = os.geteuid()
     path = socket_path(mountpoint, owner)
+    deadline = None if timeout is None else time.monotonic() + timeout
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     try:
@@ -114,6 +117,11 @@ def request(
                 if "progress" in msg:
                     if on_progress is not None:
                         on_progress(msg["progress"])
+                    if deadline is not None:
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            raise TimeoutError(f"{op} did not finish within {timeout}s")
+                        s.settimeout(left)
                     continue
                 if msg.get("ok"):
                     return msg.get("result")

@@ -2,9 +2,9 @@
 
 Contract (nothing closed is ever silently dropped):
 
-* every journaled file becomes pending again, in its original order; two closed versions of
-  one path (a rewrite closed while the previous version was being committed) are chained, the
-  older committed first;
+* every journaled file becomes pending again, in its original order; of two closed versions of
+  one path (a rewrite closed while the previous version was being committed) the newer is
+  committed, and the older is kept until then to recognise it should it have landed;
 * a staging file with no record (open for writing when the daemon died) is moved to
   ``recovered/<its path>`` and reported;
 * a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
@@ -16,6 +16,7 @@ Contract (nothing closed is ever silently dropped):
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -23,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 
 from .journal import PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
-from .staging import Staged, StagingArea
+from .staging import PathState, Staged, StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +95,21 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
         log.warning("journal rebuilt from %d staging file(s)", len(orphans))
     missing = []
     replayed: list[Staged] = []
+    by_path: dict[str, list[Record]] = {}
     for rec in sorted(records.values(), key=lambda r: r.seq):
+        by_path.setdefault(rec.path, []).append(rec)
+    for path, recs in by_path.items():
+        # the newest closed version is the file; older ones (a rewrite closed while the
+        # previous version was being committed) are kept only to recognise them at the origin
+        *older, rec = recs
+        ps = PathState(path, rec.base_version)
+        for o in older:
+            f = os.path.join(area.dir, o.id)
+            with contextlib.suppress(OSError):
+                os.removexattr(f, RECORD_XATTR)
+            area.journal.delete(o.id)
+            if os.path.exists(f):
+                ps.priors.append(f)
         file = os.path.join(area.dir, rec.id)
         try:
             fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
@@ -105,10 +120,8 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
             continue
         st = Staged(
             rec.id,
-            rec.path,
             file,
             fd,
-            rec.base_version,
             rec.mode,
             rec.mtime_ns,
             os.fstat(fd).st_size,
@@ -116,15 +129,12 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
             first_pending_ns=rec.first_pending_ns,
         )
         st.journaled_gen = st.gen
-        older = area.get(rec.path)
-        area.by_path.pop(rec.path, None)  # keep the older version: it is committed first
-        area.adopt(st)
-        if older is not None and older.seq is not None:
-            st.pred, older.succ = older, st
+        area.adopt(ps, st)
         replayed.append(st)
+    keep = set(records) | {os.path.basename(f) for ps in area.paths.values() for f in ps.priors}
     recovered = []
     for name in names:
-        if name in records:
+        if name in keep:
             continue
         src = os.path.join(area.dir, name)
         raw_path = _xattr(src, PATH_XATTR)

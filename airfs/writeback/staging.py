@@ -5,29 +5,28 @@ there, at local-disk speed, and every process on the node reads the staged bytes
 keyed by the path the file will be committed to (renames and deletions of staged files are
 local), so it is also the *pending state* the filesystem core merges into lookups and listings.
 
-Versions. At a path there is one *live* staged file (what every process sees) and possibly the
-*closed version* it supersedes (``live.pred``): a file that was closed (journaled) and is
-opened for writing again gets a new staging file (a copy, or empty with ``O_TRUNC``) and the
-closed version stays untouched, journaled, until the new one is itself closed. Then, in one
-journal transaction, the new record replaces the old one. So a crash at any moment leaves the
-last closed version intact and committable, never a torn rewrite (the rewrite's bytes are kept
-in ``recovered/``). The uploader may commit a closed version while its successor is being
-written; the successor then commits *If-Match* that version.
+Versions. Each path has a :class:`PathState`: the origin version the next commit there
+replaces (``base``, *If-Match*), and the staged *versions* of the file, oldest first; the last
+one is what every process sees. A file that was closed (journaled) and is opened for writing
+again gets a new version (a copy, or empty with ``O_TRUNC``); the closed version stays
+untouched and journaled until the new one is itself closed, then its record is deleted in the
+same journal transaction that writes the new one. So a crash at any moment leaves the last
+closed version intact and committable, never a torn rewrite (the rewrite's bytes are kept in
+``recovered/``). At most one version of a path is uploaded at a time, always the newest closed
+one; when it lands, ``base`` becomes its version and the versions before it are dropped.
 
-States of a :class:`Staged` file:
+A :class:`Staged` version is:
 
-* ``writers > 0``: open for writing;
+* open for writing while ``writers > 0``;
 * ``dirty`` (``gen != committed_gen``): has content the origin does not have; once closed it has
-  a journal record (``seq`` set) and the uploader commits it;
-* clean and unreferenced: dropped (its file deleted) by :meth:`StagingArea.release`.
+  a journal record (``seq``) describing exactly its bytes (``closed_version``);
+* dropped (its file deleted) by :meth:`StagingArea.release` once clean or superseded and
+  unreferenced.
 
 Every state change that must survive a crash is journaled by the method that makes it, in the
-same call (:meth:`close_writer`, :meth:`move`, :meth:`rebase`, :meth:`discard`,
-:meth:`mark_committed`). Counters never go negative (checked).
-
-Space: dirty bytes are never evicted. :meth:`StagingArea.reserve` makes a writer wait for commits
-to free space when the area is over its limit, then fail with ENOSPC. Sizes are counted in
-allocated bytes, so a sparse file costs what it stores.
+same call. Counters never go negative (checked). Space: dirty bytes are never evicted;
+:meth:`StagingArea.reserve` makes a writer wait for commits to free space, then fail with
+ENOSPC. Sizes are counted in allocated bytes, so a sparse file costs what it stores.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import trio
@@ -50,41 +49,73 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
+class PathState:
+    """One file's versions and what it replaces at the origin (moves with renames)."""
+
+    path: str | None
+    base: str | None
+    versions: list[Staged] = field(default_factory=list)
+    uploading: Staged | None = None
+    #: files kept from a crash: an older closed version that may have landed at the origin
+    priors: list[str] = field(default_factory=list)
+
+    @property
+    def live(self) -> Staged | None:
+        return self.versions[-1] if self.versions else None
+
+    def candidate(self) -> Staged | None:
+        """The version to commit next: the newest closed one, if nothing is uploading."""
+        if self.uploading is not None or self.path is None:
+            return None
+        for v in reversed(self.versions):
+            if v.closed_version and v.dirty:
+                return v
+        return None
+
+
+@dataclass(eq=False)
 class Staged:
-    """One staged file. ``path`` is where it commits to (None once deleted)."""
+    """One staged version of a file."""
 
     id: str
-    path: str | None
     file: str
     fd: int
-    base_version: str | None
     mode: int
     mtime_ns: int
     size: int
+    ps: PathState | None = None
     writers: int = 0
     #: open handles (readers and writers) that use this staged content
     refs: int = 0
     gen: int = 1
     committed_gen: int = 0
-    #: journaled (closed with content to commit) when set; ``journaled_gen`` is the
-    #: generation the record describes
+    #: journaled when set; ``journaled_gen`` is the generation the record describes
     seq: int | None = None
     journaled_gen: int = 0
     first_pending_ns: int = 0
-    uploading: bool = False
     upload_done: trio.Event = field(default_factory=trio.Event)
     error: str | None = None
     error_transient: bool = True
     attempts: int = 0
     next_try: float = 0.0
-    #: a commit has been asked for by fsync/flush (uploaded even while open)
+    #: a commit has been asked for by fsync/flush (committed before the rest)
     urgent: bool = False
-    #: the closed version this one supersedes, kept until this one is journaled
-    pred: Staged | None = None
-    #: the newer version that supersedes this one (this one is its ``pred``)
-    succ: Staged | None = None
-    #: where this version's bytes were kept after it lost a conflict at the origin
+    #: the newer version that made this one unnecessary (barriers follow it)
+    replaced_by: Staged | None = None
+    #: (path, kept copy) after this version lost a conflict at the origin
     conflict: tuple[str, str] | None = None
+
+    @property
+    def path(self) -> str | None:
+        return self.ps.path if self.ps is not None else None
+
+    @property
+    def base_version(self) -> str | None:
+        return self.ps.base if self.ps is not None else None
+
+    @property
+    def uploading(self) -> bool:
+        return self.ps is not None and self.ps.uploading is self
 
     @property
     def dirty(self) -> bool:
@@ -105,9 +136,9 @@ class Staged:
             and not self.uploading
         )
 
-    def touch(self, mtime_ns: int | None = None) -> None:
+    def touch(self) -> None:
         self.gen += 1
-        self.mtime_ns = time.time_ns() if mtime_ns is None else mtime_ns
+        self.mtime_ns = time.time_ns()
 
 
 def _set_xattr(fd: int, name: str, value: bytes) -> None:
@@ -152,70 +183,89 @@ class StagingArea:
         self.journal = Journal(self.journal_dir)
         self.limit = limit
         self.min_free = min_free
-        self.by_path: dict[str, Staged] = {}
-        #: every live staged file, including deleted ones still open, closed versions kept
-        #: behind a rewrite, and those mid-upload
+        self.paths: dict[str, PathState] = {}
+        #: every staged version, including deleted ones still open and superseded ones
+        #: still uploading or read
         self.all: dict[str, Staged] = {}
         self._changed = trio.Event()
         self._seq = itertools.count(int(time.time() * 1000))
         self.bytes = 0
         #: closed files whose journal record could not be written (disk full): retried
         self.unjournaled: set[Staged] = set()
-        #: called with a staged file that may have become ready to commit (the uploader's
-        #: queue)
-        self.on_ready: Callable[[Staged], None] = lambda st: None
+        #: called with a path whose commit may have become possible (the uploader's queue)
+        self.on_ready: Callable[[PathState], None] = lambda ps: None
 
     # -- creation --------------------------------------------------------------------------
 
-    def create(self, path: str, base_version: str | None, mode: int) -> Staged:
-        """A new, empty staged file for ``path`` (replacing any staged file there)."""
-        st = self._new(path, base_version, mode)
-        self._bind(st)
-        return st
-
-    def _new(self, path: str, base_version: str | None, mode: int) -> Staged:
+    def _new_file(self, path: str) -> Staged:
         sid = uuid.uuid4().hex
         file = os.path.join(self.dir, sid)
         fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         _set_xattr(fd, PATH_XATTR, path.encode("utf-8", "surrogateescape"))
-        return Staged(sid, path, file, fd, base_version, mode, time.time_ns(), 0)
+        st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
+        self.all[sid] = st
+        return st
 
-    def _bind(self, st: Staged) -> None:
-        old = self.by_path.get(st.path) if st.path is not None else None
-        if old is not None and old is not st:
-            self.discard(old)
-        if st.path is not None:
-            self.by_path[st.path] = st
+    def create(self, path: str, base_version: str | None, mode: int) -> Staged:
+        """A new, empty file at ``path`` replacing what is staged there (which is
+        discarded); its commit replaces origin version ``base_version``."""
+        old = self.paths.get(path)
+        if old is not None:
+            self.discard_path(old)
+        ps = PathState(path, base_version)
+        st = self._new_file(path)
+        st.mode = mode
+        st.ps = ps
+        ps.versions.append(st)
+        self.paths[path] = ps
+        return st
+
+    def adopt(self, ps: PathState, st: Staged) -> None:
+        """Bind a recovered version (see :mod:`airfs.writeback.recovery`)."""
+        assert ps.path is not None
+        st.ps = ps
+        ps.versions.append(st)
+        self.paths[ps.path] = ps
         self.all[st.id] = st
-
-    def adopt(self, st: Staged) -> None:
-        """Bind a recovered staged file (see :mod:`airfs.writeback.recovery`)."""
         self.bytes += self._allocated(st)
-        self._bind(st)
         if st.seq is not None:
             self._seq = itertools.count(max(next(self._seq), st.seq + 1))
 
-    async def open_write(self, st: Staged, *, truncate: bool) -> Staged:
-        """Open live staged file ``st`` for writing; returns the staged file to write into.
-
-        A closed version (journaled, not written since) is never written again: a new staged
-        file takes its place at the path (a copy of its bytes, or empty when ``truncate``),
-        and it stays journaled until the new one is closed (:meth:`close_writer`)."""
-        if st.writers == 0 and (st.closed_version or st.uploading):
-            new = self._new(st.path or "", st.base_version, st.mode)
-            new.path = st.path
-            if not truncate and st.size:
+    async def _new_version(self, st: Staged, *, copy: bool) -> Staged:
+        """A new version after live version ``st`` (a copy of its bytes when ``copy``),
+        appended once complete (readers never see a partial copy)."""
+        ps = st.ps
+        assert ps is not None and ps.path is not None
+        new = self._new_file(ps.path)
+        new.mode = st.mode
+        st.refs += 1  # not dropped while we copy it (its commit may end meanwhile)
+        try:
+            if copy and st.size:
                 await self.reserve(new, st.size, 0)
                 await trio.to_thread.run_sync(_copy_file, st.fd, new.fd, st.size)
                 new.size = st.size
-                new.mtime_ns = st.mtime_ns
                 self.bytes += self._allocated(new)
-            new.pred = st
-            st.succ = new
-            if st.path is not None:
-                self.by_path[st.path] = new
-            self.all[new.id] = new
-            st = new
+        except BaseException:
+            self._drop(new)
+            raise
+        finally:
+            st.refs -= 1
+        if ps.live is not st or ps.path is None:
+            self._drop(new)  # deleted or replaced while we copied
+            self.release(st)
+            raise OSError(errno.ENOENT, f"{ps.path}: removed while being opened")
+        new.mtime_ns = st.mtime_ns if copy else time.time_ns()
+        new.ps = ps
+        ps.versions.append(new)
+        self.release(st)  # committed meanwhile: no longer needed
+        return new
+
+    async def open_write(self, st: Staged, *, truncate: bool) -> Staged:
+        """Open live version ``st`` for writing; returns the version to write into. A closed
+        version (journaled, not written since) or one being uploaded is never written
+        again: a new version takes its place."""
+        if st.writers == 0 and (st.closed_version or st.uploading):
+            st = await self._new_version(st, copy=not truncate)
         elif truncate and st.size:
             self.truncate(st, 0)
         st.writers += 1
@@ -223,29 +273,17 @@ class StagingArea:
 
     async def fork(self, st: Staged) -> Staged:
         """``st`` is a closed version that is still open for writing (written again after
-        ``close()`` of one of its descriptors, or after ``fsync``): give its writers a copy to
-        write into, so the journaled bytes stay as they were."""
-        new = self._new(st.path or "", st.base_version, st.mode)
-        new.path = st.path
-        if st.size:
-            await self.reserve(new, st.size, 0)
-            await trio.to_thread.run_sync(_copy_file, st.fd, new.fd, st.size)
-            new.size = st.size
-            self.bytes += self._allocated(new)
-        new.mtime_ns = st.mtime_ns
+        ``close()`` of one of its descriptors, or after ``fsync``): its writers move to a
+        copy, so the journaled bytes stay as they were."""
+        if st.ps is None or st.ps.live is not st:
+            return st  # deleted while open: nothing will commit it, write in place
+        new = await self._new_version(st, copy=True)
         new.writers, st.writers = st.writers, 0
-        new.urgent = False
-        new.pred, st.succ = st, new
-        if st.path is not None and self.by_path.get(st.path) is st:
-            self.by_path[st.path] = new
-        self.all[new.id] = new
-        self.on_ready(st)  # its writers are gone: it can be committed
         return new
 
     def close_writer(self, st: Staged) -> None:
         """One writer of ``st`` closed. The last one journals its content (it survives a daemon
-        crash from here on) and, in the same transaction, drops the closed version it
-        superseded."""
+        crash from here on)."""
         if st.writers <= 0:
             raise AssertionError(f"staged {st.id}: writer count would go negative")
         st.writers -= 1
@@ -254,78 +292,81 @@ class StagingArea:
 
     def journal_closed(self, st: Staged) -> None:
         """Record ``st`` as closed with content to commit (no-op if it is clean, deleted, or
-        already journaled at this generation)."""
-        if st.path is None or not st.dirty or st.closed_version:
+        already journaled at this generation); the older versions it supersedes are dropped
+        in the same journal transaction (but one being uploaded, until its upload ends)."""
+        ps = st.ps
+        if ps is None or ps.path is None or not st.dirty or st.closed_version:
             return
-        if st.seq is None:
-            seq = next(self._seq)
-            first = time.time_ns()
-        else:
-            seq, first = st.seq, st.first_pending_ns
-        pred = st.pred
-        drop = pred is not None and not pred.uploading
-        rec = Record(st.id, st.path, st.base_version, st.mode, st.mtime_ns, seq, first)
+        seq = next(self._seq) if st.seq is None else st.seq
+        first = time.time_ns() if st.seq is None else st.first_pending_ns
+        older = ps.versions[: ps.versions.index(st)]
+        drop = [v for v in older if not v.uploading]
+        rec = Record(st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first)
         try:
-            gone = (pred.id,) if drop and pred is not None and pred.seq is not None else ()
-            self.journal.write(puts=(rec,), deletes=gone)
+            self.journal.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
         except OSError:
             self.unjournaled.add(st)  # tried again by retry_journal(); the bytes stay staged
             raise
         self.unjournaled.discard(st)
-        st.seq, st.first_pending_ns = seq, first
-        if drop and pred is not None and pred.seq is not None:
-            _remove_record_xattr(pred)
-        st.journaled_gen = st.gen
+        st.seq, st.first_pending_ns, st.journaled_gen = seq, first, st.gen
+        if drop:
+            st.first_pending_ns = min(v.first_pending_ns or first for v in [st, *drop])
         _set_xattr(st.fd, RECORD_XATTR, rec.encode())
-        if drop and pred is not None:
-            self._forget_version(pred)
-        self.on_ready(st)
+        for v in drop:
+            _remove_record_xattr(v)
+            v.seq = None
+            v.replaced_by = st
+            self._unlink_version(v)
+        self.on_ready(ps)
 
     def _record(self, st: Staged) -> Record:
-        assert st.path is not None and st.seq is not None
+        assert st.ps is not None and st.ps.path is not None and st.seq is not None
+        ps = st.ps
         return Record(
-            st.id, st.path, st.base_version, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
+            st.id, ps.path, ps.base, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
         )
 
-    def _rejournal(self, sts: list[Staged]) -> None:
-        recs = [self._record(s) for s in sts if s.seq is not None and s.path is not None]
-        if recs:
+    def _rejournal(self, versions: Iterable[Staged]) -> None:
+        sts = [v for v in versions if v.seq is not None and v.path is not None]
+        if sts:
+            recs = [self._record(v) for v in sts]
             self.journal.write(puts=recs)
-            for s, rec in zip([s for s in sts if s.seq is not None], recs, strict=True):
-                _set_xattr(s.fd, RECORD_XATTR, rec.encode())
+            for v, rec in zip(sts, recs, strict=True):
+                _set_xattr(v.fd, RECORD_XATTR, rec.encode())
 
     # -- lookups ---------------------------------------------------------------------------
 
     def get(self, path: str) -> Staged | None:
-        return self.by_path.get(path)
+        """The live staged version at ``path`` (what every process sees), if any."""
+        ps = self.paths.get(path)
+        return ps.live if ps is not None else None
 
     def children(self, dir_path: str) -> list[Staged]:
-        """Staged files directly inside directory ``dir_path``."""
+        """Live staged files directly inside directory ``dir_path``."""
         prefix = f"{dir_path}/" if dir_path else ""
         return [
-            st
-            for p, st in self.by_path.items()
-            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+            live
+            for p, ps in self.paths.items()
+            if p.startswith(prefix) and "/" not in p[len(prefix) :] and (live := ps.live)
         ]
 
     def under(self, dir_path: str) -> list[Staged]:
         """Live staged files anywhere under ``dir_path`` (all of them for the root)."""
-        if not dir_path:
-            return list(self.by_path.values())
-        prefix = dir_path + "/"
-        return [st for p, st in self.by_path.items() if p == dir_path or p.startswith(prefix)]
+        prefix = dir_path + "/" if dir_path else ""
+        return [
+            live
+            for p, ps in self.paths.items()
+            if (not dir_path or p == dir_path or p.startswith(prefix)) and (live := ps.live)
+        ]
 
     def versions(self, st: Staged) -> list[Staged]:
-        """``st`` and the closed versions behind it, oldest first."""
-        out = [st]
-        while out[0].pred is not None:
-            out.insert(0, out[0].pred)  # type: ignore[arg-type]
-        return out
+        """The versions of ``st``'s file, oldest first (``[st]`` if it was deleted)."""
+        return list(st.ps.versions) if st.ps is not None else [st]
 
     # -- changes ---------------------------------------------------------------------------
 
     def write(self, st: Staged, offset: int, data: bytes) -> int:
-        if st.closed_version:
+        if st.closed_version and st.path is not None:
             raise AssertionError(f"staged {st.id}: a closed version is never written")
         n = os.pwrite(st.fd, data, offset)
         end = offset + n
@@ -336,7 +377,7 @@ class StagingArea:
         return n
 
     def truncate(self, st: Staged, size: int) -> None:
-        if st.closed_version:
+        if st.closed_version and st.path is not None:
             raise AssertionError(f"staged {st.id}: a closed version is never truncated")
         before = self._allocated(st)
         os.ftruncate(st.fd, size)
@@ -345,14 +386,13 @@ class StagingArea:
         st.touch()
 
     def set_attrs(self, st: Staged, *, mode: int | None, mtime_ns: int | None) -> None:
-        """chmod/utime of a staged file: kept through its commit (journaled at once)."""
-        if mode is not None:
-            st.mode = mode
-        if mtime_ns is not None:
-            st.mtime_ns = mtime_ns
+        """chmod/utime of a staged file: kept through its commit (journaled at once). A mode
+        applies to every version; an mtime to the live one (what was set)."""
         for v in self.versions(st):
             if mode is not None:
                 v.mode = mode
+        if mtime_ns is not None:
+            st.mtime_ns = mtime_ns
         self._rejournal(self.versions(st))
 
     @staticmethod
@@ -394,104 +434,133 @@ class StagingArea:
         """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was
         staged at or under ``new`` is discarded. With ``rebase``, ``base`` is the origin
         version the file moved to ``new`` now replaces. Journaled in one transaction."""
-        for p in [p for p in self.by_path if p == new or p.startswith(new + "/")]:
-            self.discard(self.by_path[p])
-        moved = [st for p, st in self.by_path.items() if p == old or p.startswith(old + "/")]
-        for st in moved:
-            assert st.path is not None
-            del self.by_path[st.path]
+        for p in [p for p in self.paths if p == new or p.startswith(new + "/")]:
+            self.discard_path(self.paths[p])
+        moved = [ps for p, ps in self.paths.items() if p == old or p.startswith(old + "/")]
+        for ps in moved:
+            assert ps.path is not None
+            del self.paths[ps.path]
         changed: list[Staged] = []
-        for st in moved:
-            assert st.path is not None
-            st.path = new + st.path[len(old) :]
-            self.by_path[st.path] = st
-            for v in self.versions(st):
-                v.path = st.path
-                if v is not st:
-                    changed.append(v)
-                _set_xattr(v.fd, PATH_XATTR, st.path.encode("utf-8", "surrogateescape"))
-            if rebase and st.path == new:
-                for v in self.versions(st):
-                    v.base_version = base
-            changed.append(st)
+        for ps in moved:
+            assert ps.path is not None
+            ps.path = new + ps.path[len(old) :]
+            self.paths[ps.path] = ps
+            if rebase and ps.path == new:
+                ps.base = base
+            for v in ps.versions:
+                _set_xattr(v.fd, PATH_XATTR, ps.path.encode("utf-8", "surrogateescape"))
+                changed.append(v)
         self._rejournal(changed)
 
-    def rebase(self, st: Staged, version: str | None) -> None:
-        """``st`` now replaces origin version ``version`` (journaled at once)."""
-        st.base_version = version
-        self._rejournal([st])
-
     def discard(self, st: Staged) -> None:
-        """``st`` (and the closed versions behind it) were deleted or replaced: they will
-        never be committed."""
-        versions = self.versions(st)
-        if st.path is not None and self.by_path.get(st.path) is st:
-            del self.by_path[st.path]
-        for v in versions:
-            if v.seq is not None:
-                _remove_record_xattr(v)
-        self.journal.write(deletes=[v.id for v in versions if v.seq is not None])
-        for v in versions:
-            self._forget_version(v)
+        """``st``'s file was deleted or replaced: none of its versions will be committed."""
+        if st.ps is not None:
+            self.discard_path(st.ps)
+        else:
+            self._drop(st)
 
-    def unchain_if_clean(self, st: Staged) -> None:
-        """``st`` holds nothing the origin lacks (committed before a successor forked from
-        it): the successor need not wait for it; it already replaces ``st``'s version."""
-        succ = st.succ
-        if not st.dirty and succ is not None and succ.pred is st:
-            succ.pred = None
-            succ.base_version = st.base_version
-            st.succ = None
-            self._rejournal([succ])
-
-    def _forget_version(self, v: Staged) -> None:
-        """``v`` will never be committed (its record is already gone): unlink it from the
-        version chain and drop it once unreferenced."""
-        if v.succ is not None and v.succ.pred is v:
-            v.succ.pred = None
-        v.succ = None
-        v.pred = None
-        v.path = None
-        v.seq = None
-        v.committed_gen = v.gen
-        self.release(v)
+    def discard_path(self, ps: PathState) -> None:
+        if ps.path is not None and self.paths.get(ps.path) is ps:
+            del self.paths[ps.path]
+        journaled = [v for v in ps.versions if v.seq is not None]
+        for v in journaled:
+            _remove_record_xattr(v)
+        self.journal.write(deletes=[v.id for v in journaled])
+        ps.path = None
+        for v in list(ps.versions):
+            v.seq = None
+            v.committed_gen = v.gen
+            if not v.uploading:
+                self._unlink_version(v)
+        self.notify()
 
     def mark_committed(self, st: Staged, gen: int, version: str) -> None:
-        """The origin has generation ``gen`` of ``st`` as ``version``: the version after it at
-        its path (if any) now replaces ``version``."""
+        """The origin has generation ``gen`` of ``st`` as ``version``: the next commit of its
+        file replaces ``version``; older versions are dropped; ``st`` too unless it is what
+        every process sees."""
         st.committed_gen = max(st.committed_gen, gen)
         st.error = None
         st.attempts = 0
-        succ = [st.succ] if st.succ is not None and st.succ.pred is st else []
-        for s in succ:
-            s.pred = None
-            s.base_version = version
-        superseded = st.succ is not None
-        st.succ = None
-        st.base_version = version
-        if not st.dirty and st.seq is not None:
-            _remove_record_xattr(st)
-            self.journal.write(
-                puts=[self._record(s) for s in succ if s.seq is not None and s.path is not None],
-                deletes=(st.id,),
-            )
+        ps = st.ps
+        if ps is None:
+            return
+        ps.base = version
+        i = ps.versions.index(st) if st in ps.versions else -1
+        done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
+        newer = ps.versions[i + 1 :]
+        journaled = [v for v in done if v.seq is not None]
+        for v in journaled:
+            _remove_record_xattr(v)
+        self.journal.write(
+            puts=[self._record(v) for v in newer if v.seq is not None],
+            deletes=[v.id for v in journaled],
+        )
+        for v in newer:
+            if v.seq is not None:
+                _set_xattr(v.fd, RECORD_XATTR, self._record(v).encode())
+        for v in done:
+            v.seq = None
+            if v is not st:
+                v.replaced_by = st
+        if not st.dirty:
             st.seq = None
-        else:
-            self._rejournal([*succ, st])
-        if superseded:
-            st.path = None
+        for v in done:
+            if v is not ps.live:
+                v.committed_gen = v.gen
+                self._unlink_version(v)
+        self._drop_priors(ps)
+        if newer:
+            self.on_ready(ps)
         self.notify()
+
+    def _unlink_version(self, v: Staged) -> None:
+        """Take ``v`` out of its file's versions (it will never be committed) and drop it
+        once unreferenced."""
+        ps = v.ps
+        if ps is not None and v in ps.versions:
+            ps.versions.remove(v)
+            if not ps.versions and ps.path is not None and self.paths.get(ps.path) is ps:
+                del self.paths[ps.path]
+        v.ps = None
+        self.release(v)
+
+    def _drop_priors(self, ps: PathState) -> None:
+        for f in ps.priors:
+            with contextlib.suppress(OSError):
+                os.unlink(f)
+        ps.priors.clear()
+
+    def upload_finished(self, ps: PathState, st: Staged) -> None:
+        """The uploader is done with ``st`` (whatever the outcome)."""
+        if ps.uploading is st:
+            ps.uploading = None
+        st.upload_done.set()
+        if ps.path is None and st.ps is ps:
+            self._unlink_version(st)  # its file was deleted while it was uploaded
+        else:
+            self.release(st)
+        if ps.path is not None:
+            self.on_ready(ps)
+        self.notify()
+
+    def _drop(self, st: Staged) -> None:
+        st.committed_gen = st.gen
+        st.ps = None
+        self.release(st)
 
     def release(self, st: Staged) -> bool:
         """Drop ``st`` (delete its file) if it is clean, closed and unreferenced."""
         if st.writers < 0 or st.refs < 0:
             raise AssertionError(f"staged {st.id}: negative count ({st.writers}, {st.refs})")
-        if st.dirty or st.writers or st.refs or st.uploading:
+        if st.writers or st.refs or st.uploading:
             return False
-        if st.succ is not None and st.succ.pred is st:
-            return False  # still the closed version behind a rewrite
-        if st.path is not None and self.by_path.get(st.path) is st:
-            del self.by_path[st.path]
+        ps = st.ps
+        if ps is not None and st in ps.versions:
+            if st.dirty:
+                return False  # still to be committed
+            ps.versions.remove(st)
+            if ps.path is not None and self.paths.get(ps.path) is ps and not ps.versions:
+                del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
         self.bytes -= self._allocated(st)
@@ -506,9 +575,23 @@ class StagingArea:
         safe = (st.path or st.id).replace("/", "__")
         return os.path.join(self.conflicts_dir, f"{safe}.{int(time.time())}.{st.id[:8]}")
 
+    def lost(self, st: Staged, path: str, kept: str) -> None:
+        """``st`` lost a conflict at ``path``; its bytes are in ``kept``: forget it."""
+        st.conflict = (path, kept)
+        if st.seq is not None:
+            _remove_record_xattr(st)
+            self.journal.write(deletes=(st.id,))
+            st.seq = None
+        st.committed_gen = st.gen
+        ps = st.ps
+        if ps is not None and ps.live is st and len(ps.versions) == 1:
+            self.discard_path(ps)  # the origin's version is what the path shows now
+        else:
+            self._unlink_version(st)
+
     def notify(self) -> None:
-        """Wake every task waiting in :meth:`wait_change` (uploader, writers waiting for
-        space, flush)."""
+        """Wake every task waiting for a change (uploader, writers waiting for space,
+        barriers)."""
         self._changed.set()
         self._changed = trio.Event()
 
@@ -534,24 +617,32 @@ class StagingArea:
         targets: list[tuple[Staged, int]],
         on_progress: Callable[[dict[str, object]], None] | None = None,
     ) -> int:
-        """Ask for each ``(staged, generation)`` to be committed (even while open) and wait for
-        all of them. Raises ``OSError`` (EIO) naming the files that cannot be committed (a
-        non-transient failure) or that lost a conflict, with where their bytes are kept;
-        waits through transient failures (cancel the caller to give up). Returns the count."""
+        """Ask for each ``(staged, generation)`` to be committed and wait for all of them (a
+        version replaced by a newer one is followed to it). Raises ``OSError`` (EIO) naming
+        the files that cannot be committed (a non-transient failure) or that lost a
+        conflict, with where their bytes are kept; waits through transient failures (cancel
+        the caller to give up). Returns the count."""
         start = {st.id: st.attempts for st, _ in targets}
         for st, _gen in targets:
             if st.error is not None:
                 st.next_try = 0.0  # a barrier makes a fresh attempt at once
-            if not st.urgent or st.error is not None:
-                st.urgent = True
-                self.on_ready(st)
+            st.urgent = True
+            if st.ps is not None:
+                self.on_ready(st.ps)
         last = 0.0
         while True:
             ev = self.change_event()
-            lost = [st for st, _ in targets if st.conflict is not None]
+            now_targets = []
+            for st, g in targets:
+                while st.replaced_by is not None:
+                    st, g = st.replaced_by, st.replaced_by.journaled_gen or st.replaced_by.gen
+                    st.urgent = True
+                    start.setdefault(st.id, st.attempts)
+                now_targets.append((st, g))
+            lost = [st for st, _ in now_targets if st.conflict is not None]
             left = [
                 (st, g)
-                for st, g in targets
+                for st, g in now_targets
                 if st.path is not None and st.committed_gen < g and st.conflict is None
             ]
             hard = [st for st, _ in left if st.failed_since(start[st.id])]

@@ -40,7 +40,7 @@ import trio
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Entry, NotFound, OriginError
 
-from .staging import Staged, StagingArea
+from .staging import PathState, Staged, StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -113,29 +113,23 @@ class Uploader:
         self.last_error: str | None = None
         self.conflicts: collections.deque[dict[str, Any]] = collections.deque(maxlen=100)
         self._recent: collections.deque[tuple[float, int]] = collections.deque(maxlen=256)
-        self._heap: list[tuple[bool, int, int, Staged]] = []
+        self._heap: list[tuple[bool, int, int, PathState]] = []
         self._tie = itertools.count()
         area.on_ready = self.enqueue
-        for st in area.all.values():
-            self.enqueue(st)
+        for ps in area.paths.values():
+            self.enqueue(ps)
 
     # -- the queue -------------------------------------------------------------------------
 
-    def enqueue(self, st: Staged) -> None:
-        """``st`` may have become ready to commit (closed, fsync'ed, its predecessor done, or
-        its retry delay passed); checked again when popped."""
-        heapq.heappush(self._heap, (not st.urgent, st.seq or 0, next(self._tie), st))
+    def enqueue(self, ps: PathState) -> None:
+        """``ps`` may have a version ready to commit (closed, fsync'ed, its previous upload
+        done, or its retry delay passed); checked again when popped."""
+        cand = ps.candidate()
+        if cand is None:
+            return
+        urgent = any(v.urgent for v in ps.versions)
+        heapq.heappush(self._heap, (not urgent, cand.seq or 0, next(self._tie), ps))
         self.area.notify()
-
-    def _ready(self, st: Staged, now: float) -> bool:
-        return (
-            st.path is not None
-            and st.dirty
-            and not st.uploading
-            and st.pred is None
-            and (st.urgent or (st.writers == 0 and st.seq is not None))
-            and st.next_try <= now
-        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -143,32 +137,35 @@ class Uploader:
             while True:
                 ev = self.area.change_event()
                 now = time.monotonic()
-                later: list[tuple[bool, int, int, Staged]] = []
+                later: list[tuple[bool, int, int, PathState]] = []
                 while self._heap and self.active < self.concurrency:
                     item = heapq.heappop(self._heap)
-                    st = item[3]
-                    if self._ready(st, now):
-                        self._start(nursery, st)
-                    elif st.next_try > now and st.dirty and st.path is not None:
+                    ps = item[3]
+                    cand = ps.candidate()
+                    if cand is None:
+                        continue  # nothing to do, or an upload runs (it re-queues the path)
+                    if cand.next_try > now:
                         later.append(item)  # retried when its delay has passed
+                        continue
+                    self._start(nursery, ps, cand)
                 for item in later:
                     heapq.heappush(self._heap, item)
-                waits = [it[3].next_try - now for it in later]
+                waits = [c.next_try - now for it in later if (c := it[3].candidate())]
                 with trio.move_on_after(min(waits) if waits else 5.0):
                     await ev.wait()
 
-    def _start(self, nursery: trio.Nursery, st: Staged) -> None:
-        st.uploading = True
+    def _start(self, nursery: trio.Nursery, ps: PathState, st: Staged) -> None:
+        ps.uploading = st
         st.upload_done = trio.Event()
         self.active += 1
-        nursery.start_soon(self._upload, st)
+        nursery.start_soon(self._upload, ps, st)
 
-    async def _upload(self, st: Staged) -> None:
-        path, gen = st.path, st.gen
+    async def _upload(self, ps: PathState, st: Staged) -> None:
+        path, gen = ps.path, st.gen
         assert path is not None
         t0 = time.monotonic()
         try:
-            entry = await self._commit(st, path)
+            entry = await self._commit(ps, st, path)
         except Conflict as exc:
             await self._lost(st, path, exc)
         except OriginError as exc:
@@ -178,78 +175,89 @@ class Uploader:
             self._fail(st, f"commit of {path} failed: {exc!r}", transient=False)
         else:
             try:
-                if st.path != path:  # deleted while its upload ran
-                    if st.path is None and self.area.get(path) is None:
+                if ps.path != path:  # deleted (or renamed) while its upload ran
+                    if ps.path is None and self.area.get(path) is None:
                         await self._undo_stray(path)
                 else:
-                    superseded = st.succ is not None
+                    live = ps.live is st
                     self._done(st, path, gen, entry, time.monotonic() - t0)
-                    if not superseded and self.on_committed is not None:
+                    if live and self.on_committed is not None:
                         await self.on_committed(path, entry, st)
             except Exception:
                 log.exception("bookkeeping after the commit of %s failed", path)
         finally:
             self.active -= 1
-            st.uploading = False
-            st.upload_done.set()
-            succ = st.succ
-            self.area.unchain_if_clean(st)
-            self.area.release(st)
-            if succ is not None:
-                self.enqueue(succ)
-            if st.dirty and st.path is not None:
-                self.enqueue(st)
-            self.area.notify()
+            self.area.upload_finished(ps, st)
 
-    async def _commit(self, st: Staged, path: str) -> Entry:
+    async def _commit(self, ps: PathState, st: Staged, path: str) -> Entry:
         """Put ``st`` at ``path``, conditional on the version it replaces where the origin can
-        check it; a conflict whose winner holds our very bytes is a success."""
+        check it. A conflict is no conflict when the origin holds our very bytes (a commit
+        that landed), or the bytes of our own older version (a crash after its commit
+        landed): then the put is retried on top of it."""
         caps = self.origin.capabilities
-        if_match = (st.base_version or "") if caps.conditional_put else None
-        try:
-            return await self.origin.put(
-                path,
-                st.file,
-                if_match,
-                mode=st.mode & 0o7777,
-                mtime_ns=st.mtime_ns,
-            )
-        except Conflict:
-            entry = await self._already_there(path, st)
-            if entry is None:
-                raise
-            self.already_committed += 1
-            log.info("%s: the origin already holds these bytes (a commit that landed)", path)
-            return entry
+        for _ in range(2):
+            if_match = (ps.base or "") if caps.conditional_put else None
+            try:
+                return await self.origin.put(
+                    path, st.file, if_match, mode=st.mode & 0o7777, mtime_ns=st.mtime_ns
+                )
+            except Conflict:
+                entry = await self._stat(path)
+                if entry is None:
+                    raise
+                if await self._same(path, entry, st.fd, st.size):
+                    self.already_committed += 1
+                    log.info("%s: the origin already holds these bytes", path)
+                    return entry
+                if not await self._is_prior(ps, path, entry):
+                    raise
+                log.info("%s: the origin holds our previous version: committing over it", path)
+                ps.base = entry.version
+        raise Conflict(f"{path}: changed at the origin since it was opened")
 
-    async def _already_there(self, path: str, st: Staged) -> Entry | None:
+    async def _stat(self, path: str) -> Entry | None:
         try:
-            entry = await self.origin.stat(path)
+            return await self.origin.stat(path)
         except NotFound:
             return None
-        if entry.size != st.size:
-            return None
+
+    async def _is_prior(self, ps: PathState, path: str, entry: Entry) -> bool:
+        for f in ps.priors:
+            try:
+                fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                if await self._same(path, entry, fd, os.fstat(fd).st_size):
+                    return True
+            finally:
+                os.close(fd)
+        return False
+
+    async def _same(self, path: str, entry: Entry, fd: int, size: int) -> bool:
+        """Whether origin object ``entry`` holds exactly the ``size`` bytes of ``fd``."""
+        if entry.size != size:
+            return False
         m = _MD5_ETAG.match(entry.version)
         if self.origin.capabilities.md5_etag and m:
-            digest = await trio.to_thread.run_sync(_md5, st.fd, st.size)
-            return entry if digest == m.group(1).lower() else None
-        if st.size > COMPARE_MAX:
-            return None
+            return await trio.to_thread.run_sync(_md5, fd, size) == m.group(1).lower()
+        if size > COMPARE_MAX:
+            return False
         sync = self.origin.sync
 
         def same() -> bool:
             off = 0
-            while off < st.size:
-                n = min(8 << 20, st.size - off)
-                if sync.read_range(path, off, n, entry.version) != os.pread(st.fd, n, off):
+            while off < size:
+                n = min(8 << 20, size - off)
+                if sync.read_range(path, off, n, entry.version) != os.pread(fd, n, off):
                     return False
                 off += n
             return True
 
         try:
-            return entry if await trio.to_thread.run_sync(same) else None
+            return await trio.to_thread.run_sync(same)
         except OriginError:
-            return None
+            return False
 
     def _done(self, st: Staged, path: str, gen: int, entry: Entry, elapsed: float) -> None:
         self.committed_files += 1
@@ -270,13 +278,12 @@ class Uploader:
             # the bytes must not be lost: keep the staged file pending and say why
             self._fail(st, f"{path}: {exc}; could not keep a copy: {copy_exc}", transient=False)
             return
-        st.conflict = (path, dst)
         msg = f"{path}: {exc} (kept in {dst})"
         self.conflicts.append({"path": path, "kept": dst, "error": str(exc)})
         self.errors += 1
         self.last_error = msg
         log.error("commit lost a conflict: %s", msg)
-        self.area.discard(st)
+        self.area.lost(st, path, dst)
 
     async def _undo_stray(self, path: str) -> None:
         """``path`` was deleted locally while its upload ran: remove what the upload put
@@ -311,7 +318,7 @@ class Uploader:
         caller to give up)."""
         live = self.area.under(dir_path)
         for st in live:
-            if st.writers and st.dirty:
+            if st.dirty:
                 # committed as it is now: journaled, so that later writes go to a new version
                 self.area.journal_closed(st)
         targets = [(v, v.gen) for st in live for v in self.area.versions(st) if v.dirty]

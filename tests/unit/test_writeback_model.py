@@ -2,8 +2,9 @@
 daemon builds it (:func:`airfs.build.build`), over a memory origin with injected faults.
 
 Steps: write-and-close (with and without ``O_TRUNC``), create with ``O_RDONLY``, a writer kept
-open across other steps (partial rewrites), close, fsync, rename (over staged, committed and
-new files), unlink, origin outages, ``flush``, and **crash + restart at any step** (all
+open across other steps (partial rewrites), close, fsync, truncate without a handle, rename
+(over staged, committed and new files), unlink, origin outages, ``flush``, and **crash +
+restart at any step** (all
 in-memory state dropped, rebuilt from the journal and the staging files).
 
 What must hold: the mount shows the latest content (open writers' bytes included) at every
@@ -31,6 +32,7 @@ from hypothesis.stateful import (
 from airfs.build import Built
 from airfs.core.inodes import ROOT_INO
 from airfs.origin.base import Transient
+from airfs.origin.latency import LatencyOrigin
 from airfs.testing import corehost as ch
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
 from airfs.writeback.uploader import WriteBackStats
@@ -48,7 +50,9 @@ class WriteBackModel(RuleBasedStateMachine):
         self.mem = MemoryOrigin()
         self.faulty = FaultyOrigin(self.mem)
         self.tmp = tempfile.TemporaryDirectory()
-        self.host = ch.CoreHost(self.faulty, os.path.join(self.tmp.name, "cache"))
+        # a little latency, so that commits overlap the next steps (races are the point)
+        origin = LatencyOrigin(self.faulty, 0.002)
+        self.host = ch.CoreHost(origin, os.path.join(self.tmp.name, "cache"))
         self.closed: dict[str, bytes] = {}
         self.live: dict[str, bytes] = {}
         self.writer: tuple[str, int] | None = None
@@ -130,6 +134,20 @@ class WriteBackModel(RuleBasedStateMachine):
         self.host.call(lambda b: b.fs.fsync(fh))
         self.closed[path] = self.live[path]  # fsync'ed content is durable
         assert self.mem.read_range(path, 0, 1 << 20) == self.live[path]
+
+    @rule(path=hs.sampled_from(PATHS), size=hs.integers(0, 80))
+    def truncate(self, path: str, size: int) -> None:
+        if path not in self.live or not self._free(path):
+            return
+
+        async def go(b: Built) -> None:
+            ino = await ch.lookup(b, path)
+            assert ino is not None
+            await b.fs.setattr(ino, size=size)
+
+        self.host.call(go)
+        old = self.live[path]
+        self.live[path] = self.closed[path] = old[:size] + b"\0" * max(0, size - len(old))
 
     @rule(src=hs.sampled_from(PATHS), dst=hs.sampled_from(PATHS))
     def rename(self, src: str, dst: str) -> None:
