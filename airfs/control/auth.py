@@ -23,6 +23,7 @@ import errno
 import logging
 import socket
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -203,14 +204,28 @@ class ConnectionLimit:
 
 
 class Denials:
-    """Refused requests, counted by operation and logged (one line each)."""
+    """Refused requests, counted by operation and logged: one line each, at most one a second
+    per uid and operation (a caller cannot flood the log), with the count left out."""
 
-    def __init__(self) -> None:
+    def __init__(self, log_interval: float = 1.0) -> None:
         self.by_op: collections.Counter[str] = collections.Counter()
+        self.log_interval = log_interval
+        self._logged: dict[tuple[int, str], tuple[float, int]] = {}
 
     def record(self, caller: Caller, op: str, reason: str) -> None:
         self.by_op[op] += 1
-        log.warning("control: denied %s to uid %d (pid %d): %s", op, caller.uid, caller.pid, reason)
+        now = time.monotonic()
+        last, quiet = self._logged.get((caller.uid, op), (-1e9, 0))
+        if now - last < self.log_interval:
+            self._logged[(caller.uid, op)] = (last, quiet + 1)
+            return
+        if len(self._logged) > 4096:
+            self._logged.clear()
+        self._logged[(caller.uid, op)] = (now, 0)
+        more = f" (and {quiet} more not logged)" if quiet else ""
+        log.warning(
+            "control: denied %s to uid %d (pid %d): %s%s", op, caller.uid, caller.pid, reason, more
+        )
 
     @property
     def total(self) -> int:

@@ -347,3 +347,18 @@ def test_a_mount_error_raised_in_a_nursery_keeps_its_one_line_reason() -> None:
     assert _mount_error(group) == "cannot mount"
     assert _mount_error(ExceptionGroup("two", [MountError("a"), ValueError("b")])) is None
     assert _mount_error(ValueError("x")) is None
+
+
+def test_denials_are_counted_always_and_logged_at_most_once_a_second(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    d = auth.Denials(log_interval=3600)
+    with caplog.at_level("WARNING", logger="airfs.control.auth"):
+        for _ in range(50):
+            d.record(ALICE, "unmount", "no")
+        d.record(BOB, "unmount", "no")
+        d.record(ALICE, "warm", "no")
+    assert d.total == 52 and d.by_op == {"unmount": 51, "warm": 1}
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 3
+    assert lines[0] == "control: denied unmount to uid 1001 (pid 2): no"
