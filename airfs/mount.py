@@ -244,7 +244,6 @@ class Daemon:
         self.read_ahead = False
         #: who owns every object as the mount reports it (see Filesystem's ``owner``)
         self.owner = MountOwner(os.getuid(), os.getgid())
-        self.control: ControlServer | None = None
 
     # -- control operations -----------------------------------------------------------------
 
@@ -404,7 +403,7 @@ class Daemon:
             options.add("debug")
         # Everything that touches the mountpoint path happens before init: once mounted, a
         # stat of it would wait for this very process to answer.
-        control = self.control = ControlServer(self, socket_path(cfg.mountpoint))
+        control = ControlServer(self, socket_path(cfg.mountpoint))
         try:
             pyfuse3.init(ops, cfg.mountpoint, options)
         except RuntimeError as exc:
