@@ -194,11 +194,19 @@ def test_unprivileged_user_cannot_unmount_and_sees_only_counters(
 ) -> None:
     make_tree(node)
     alice = users[0]
+    if node.origin_dir is not None:  # a commit that fails, with a telling name in its error
+        (node.mnt / "gone").mkdir()
+        (node.origin_dir / "gone").rmdir()
+        (node.origin_dir / "gone").write_text("a file now: the commit below cannot land")
+        (node.mnt / "gone" / "salary-review-bob.txt").write_text("x")
+        deadline = time.monotonic() + 30
+        while not node.status()["writeback"]["failing"]:
+            assert time.monotonic() < deadline, node.status()["writeback"]
+            time.sleep(0.1)
     out = run_as(
         alice,
         node.mnt,
         """
-        import contextlib, io
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
             code = cli.main(["umount", MP])
@@ -223,8 +231,13 @@ def test_unprivileged_user_cannot_unmount_and_sees_only_counters(
     assert st["redacted"] is True
     assert st["fs"]["inodes"] >= 1 and st["fs"]["ops"]["lookup"] >= 1  # counters are there
     assert st["writeback"]["last_error"] is None and st["writeback"]["failing"] == []
+    assert "salary" not in json.dumps(out["status"])
     mine = node.status()
     assert "redacted" not in mine
+    if node.origin_dir is not None:
+        assert st["writeback"]["failing_count"] == 1 and st["writeback"]["errors"] >= 1
+        assert "salary-review-bob.txt" in mine["writeback"]["last_error"]
+        assert mine["writeback"]["failing"][0]["path"] == "gone/salary-review-bob.txt"
     assert mine["control"]["denied_by_op"] == {"unmount": 2}
     log = node.m.log.read_text()
     assert f"denied unmount to uid {alice.uid}" in log
