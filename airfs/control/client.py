@@ -5,6 +5,7 @@ Nothing here needs trio; every call opens a connection, sends one request and re
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import socket
@@ -110,25 +111,43 @@ def request(
                 "refusing to talk to it",
                 errno.EPERM,
             )
-        s.sendall(encode({"op": op, **args}))
-        with s.makefile("rb") as f:
-            for line in f:
-                msg = decode(line)
-                if "progress" in msg:
-                    if on_progress is not None:
-                        on_progress(msg["progress"])
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError(f"{op} did not finish within {timeout}s")
-                        s.settimeout(left)
-                    continue
-                if msg.get("ok"):
-                    return msg.get("result")
-                raise ControlError(str(msg.get("error", "unknown error")), msg.get("errno"))
+        # refused before reading (too many connections): the reply is read below
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(encode({"op": op, **args}))
+        try:
+            return _read_reply(s, op, on_progress, deadline, timeout)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
         raise ControlError(f"the airfs daemon of {mountpoint} closed the connection")
     finally:
         s.close()
+
+
+def _read_reply(
+    s: socket.socket,
+    op: str,
+    on_progress: Callable[[dict[str, Any]], None] | None,
+    deadline: float | None,
+    timeout: float | None,
+) -> Any:
+    """Read progress lines, then return the result or raise :class:`ControlError`; raises
+    ``ConnectionResetError`` when the stream ends without a final line."""
+    with s.makefile("rb") as f:
+        for line in f:
+            msg = decode(line)
+            if "progress" in msg:
+                if on_progress is not None:
+                    on_progress(msg["progress"])
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"{op} did not finish within {timeout}s")
+                    s.settimeout(left)
+                continue
+            if msg.get("ok"):
+                return msg.get("result")
+            raise ControlError(str(msg.get("error", "unknown error")), msg.get("errno"))
+    raise ConnectionResetError(errno.ECONNRESET, "the daemon closed the connection")
 
 
 def status(mountpoint: str) -> dict[str, Any]:
