@@ -419,6 +419,7 @@ class Daemon:
                 nursery.start_soon(self._fuse_main)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._sync_journal)
+                nursery.start_soon(self._abort_stale_uploads)
                 nursery.start_soon(self.prefetcher.run)
                 log.info(
                     "mounted %s on %s (cache %s)", self.origin.url, cfg.mountpoint, cfg.cache_dir
@@ -468,6 +469,20 @@ class Daemon:
                 if not result.get("drained"):
                     log.error("unmounting with %d file(s) still pending", result.get("pending", 0))
                 self.stop_requested.set()
+
+    async def _abort_stale_uploads(self) -> None:
+        """S3: abort multipart uploads left behind by a killed daemon (over an hour old)."""
+        from airfs.origin.s3 import S3Origin
+
+        if not isinstance(self.origin.sync, S3Origin):
+            return
+        try:
+            n = await trio.to_thread.run_sync(self.origin.sync.abort_stale_uploads)
+        except OriginError as exc:
+            log.warning("could not look for abandoned multipart uploads: %s", exc)
+            return
+        if n:
+            log.info("aborted %d abandoned multipart upload(s) older than an hour", n)
 
     async def _sync_journal(self) -> None:
         while True:

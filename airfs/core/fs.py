@@ -138,7 +138,9 @@ class Filesystem:
 
     def _path(self, node: Node) -> str:
         if node.path is None:
-            raise _err(errno.ENOENT, f"inode {node.ino} was removed")
+            # ESTALE, not ENOENT: a path-based call (open, stat) that raced a rename-over
+            # or an unlink is retried by the kernel with a fresh lookup
+            raise _err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
         return node.path
 
     def _child(self, parent_ino: int, name: str) -> str:
@@ -314,7 +316,7 @@ class Filesystem:
             if node.staged is not None:  # unlinked while open: its handles keep working
                 return self._staged_attr(node, node.staged)
             if node.entry is None:
-                raise _err(errno.ENOENT, "removed")
+                raise _err(errno.ESTALE, "replaced or removed")
             return attr_of_entry(node.ino, node.entry, self.owner)
         entry = await self._refresh(node)
         if entry is None:
@@ -664,6 +666,10 @@ class Filesystem:
         node = self.inodes.get(ino)
         if node.kind is Kind.DIR:
             raise _err(errno.EISDIR, "is a directory")
+        if node.path is None:
+            # replaced or removed after the kernel resolved the name: ESTALE makes the
+            # kernel look the name up again (an open racing a rename-over finds the new file)
+            raise _err(errno.ESTALE, f"inode {ino} was replaced")
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         trunc = bool(flags & os.O_TRUNC) and writable

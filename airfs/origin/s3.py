@@ -501,6 +501,8 @@ class S3Origin:
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._raw = raw
+        self._put_attrs: dict[str, tuple[int, int]] = {}
+        self._attrs_lock = threading.Lock()
         self._conditional = conditional_writes
         self._probe_lock = threading.Lock()
         self.single_put_max = single_put_max
@@ -679,13 +681,16 @@ class S3Origin:
         return f"{self.prefix}/{path}" if self.prefix else path
 
     def _file_entry(self, name: str, meta: Mapping[str, Any], mode: int) -> Entry:
+        etag = meta.get("e_tag") or ""
+        seen = self._put_attrs.get(etag)
+        mtime_ns = seen[0] if seen else (_ns(meta.get("last_modified")) or time.time_ns())
         return Entry(
             name=name,
             kind=Kind.FILE,
             size=int(meta["size"]),
-            mtime_ns=_ns(meta.get("last_modified")),
+            mtime_ns=mtime_ns,
             mode=mode,
-            version=meta.get("e_tag") or "",
+            version=etag,
         )
 
     def _remember(self, path: str, etag: str, mode: int) -> None:
@@ -707,6 +712,20 @@ class S3Origin:
             mode = self.default_mode
         self._remember(path, meta.get("e_tag") or "", mode)
         return mode
+
+    def _remember_attrs(self, etag: str, mode: int | None, mtime_ns: int | None) -> None:
+        """The mtime of an object this process put or touched (S3 keeps none): served for
+        that exact version while the process runs, so a file's mtime does not change by
+        itself when it is committed. Bounded. (Modes are in the objects' metadata.)"""
+        if not etag or (mode is None and mtime_ns is None):
+            return
+        with self._attrs_lock:
+            self._put_attrs[etag] = (
+                mtime_ns if mtime_ns is not None else time.time_ns(),
+                0o644 if mode is None else mode & 0o7777,
+            )
+            while len(self._put_attrs) > 100_000:
+                self._put_attrs.pop(next(iter(self._put_attrs)))
 
     def _dir_entry(self, name: str) -> Entry:
         return Entry(name, Kind.DIR, 0, self._dir_mtime_ns, 0o755, "")
@@ -1034,10 +1053,13 @@ class S3Origin:
             raise err from None
         etag = res.get("e_tag") or ""
         self._remember(path, etag, mode)
+        self._remember_attrs(etag, mode, mtime_ns)
         meta = self._head(path)
         if meta is not None and (meta.get("e_tag") or "") == etag:
             return self._file_entry(split(path)[1], meta, self._mode_of(path, meta))
-        return Entry(split(path)[1], Kind.FILE, size, time.time_ns(), mode, etag)
+        return self._file_entry(
+            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}, mode
+        )
 
     def delete(self, path: str) -> None:
         where = self._where(path)
@@ -1153,27 +1175,67 @@ class S3Origin:
 
     def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
         """Store ``mode`` (a copy of the object onto itself with new metadata; the ETag may
-        change); ``mtime_ns`` is ignored; directories keep 0o755."""
+        change); ``mtime_ns`` is kept for the resulting version while the process runs (see
+        :meth:`_remember_attrs`); directories keep 0o755."""
         entry = self.stat(path)
-        if mode is None or entry.kind is not Kind.FILE or entry.mode == mode & 0o7777:
+        if entry.kind is not Kind.FILE:
             return entry
-        mode &= 0o7777
-        if entry.size > 5 << 30:
-            raise NotSupported(
-                f"{self._where(path)}: changing the mode of an object over 5 GiB is not "
-                "supported on S3 (it is a copy)"
-            )
-        raw = self._need_raw("changing a mode", path)
-        key = self._key(path)
-        headers = {
-            "x-amz-copy-source": "/" + _q(self.bucket, safe="") + "/" + _q(key, safe="/~"),
-            "x-amz-metadata-directive": "REPLACE",
-            f"x-amz-meta-{MODE_ATTR}": f"{mode:o}",
-            # a version the caller did not see is not overwritten
-            "x-amz-copy-source-if-match": entry.version,
-        }
-        raw.request("PUT", key, self._where(path), headers=headers)
-        return self.stat(path)
+        if mode is not None and entry.mode != mode & 0o7777:
+            mode &= 0o7777
+            if entry.size > 5 << 30:
+                raise NotSupported(
+                    f"{self._where(path)}: changing the mode of an object over 5 GiB is not "
+                    "supported on S3 (it is a copy)"
+                )
+            raw = self._need_raw("changing a mode", path)
+            key = self._key(path)
+            headers = {
+                "x-amz-copy-source": "/" + _q(self.bucket, safe="") + "/" + _q(key, safe="/~"),
+                "x-amz-metadata-directive": "REPLACE",
+                f"x-amz-meta-{MODE_ATTR}": f"{mode:o}",
+                # a version the caller did not see is not overwritten
+                "x-amz-copy-source-if-match": entry.version,
+            }
+            raw.request("PUT", key, self._where(path), headers=headers)
+            before = self._put_attrs.get(entry.version)
+            entry = self.stat(path)
+            if before is not None and mtime_ns is None:  # the copy keeps the mtime shown
+                self._remember_attrs(entry.version, entry.mode, before[0])
+                entry = self.stat(path)
+        if mtime_ns is not None:
+            self._remember_attrs(entry.version, entry.mode, mtime_ns)
+            entry = self.stat(path)
+        return entry
+
+    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort the multipart uploads under this origin's prefix started more than
+        ``older_than_s`` seconds ago (left behind by a daemon that was killed mid-upload;
+        S3 keeps, and bills, their parts forever). Returns how many were aborted. Needs the
+        signing client (else 0)."""
+        if self._raw is None:
+            return 0
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        root = ET.fromstring(
+            self._raw.request("GET", None, self.url, {"uploads": "", "prefix": prefix})
+        )
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
+        aborted = 0
+        for el in root:
+            if el.tag.rpartition("}")[2] != "Upload":
+                continue
+            fields = {f.tag.rpartition("}")[2]: (f.text or "") for f in el}
+            key, upload_id = fields.get("Key"), fields.get("UploadId")
+            when = fields.get("Initiated", "").replace("Z", "+00:00")
+            try:
+                started = dt.datetime.fromisoformat(when)
+            except ValueError:
+                continue
+            if not key or not upload_id or started > cutoff:
+                continue
+            with contextlib.suppress(OriginError):
+                self._raw.request("DELETE", key, self.url, {"uploadId": upload_id})
+                aborted += 1
+        return aborted
 
     def close(self) -> None:
         pass

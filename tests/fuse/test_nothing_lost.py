@@ -132,7 +132,7 @@ def test_torch_save_loop_on_one_name_ends_with_the_last_save(make_volume) -> Non
 def test_damaged_journal_refuses_mount_then_rebuild_commits_all(make_volume, damage: str) -> None:  # type: ignore[no-untyped-def]
     """Bug 6: with the journal missing or empty, mount and flush succeeded and every pending
     file was dropped into recovered/<uuid>."""
-    v: Volume = make_volume("--emulate-latency", "2")
+    v: Volume = make_volume("--emulate-latency", "30")  # nothing commits before the kill
     files = {f"d{i}.bin": os.urandom(10_000) for i in range(5)}
     for name, data in files.items():
         (v.root / name).write_bytes(data)
@@ -231,7 +231,7 @@ def test_s3_refuses_names_it_cannot_keep_at_create(make_volume, origin_spec) -> 
             open(v.root / bad, "w").close()
         assert info.value.errno == errno.EINVAL, bad
     d = v.root
-    for i in range(3):
+    for i in range(4):
         d = d / (chr(ord("a") + i) * 250)
         d.mkdir()
     with pytest.raises(OSError) as info:

@@ -348,3 +348,20 @@ def test_server_restart(tmp_path: Path) -> None:
         assert isinstance(st, Entry)
         assert st.size == 4
         assert o.read_range("kept", 0, 10) == b"data"
+
+
+def test_stale_multipart_uploads_are_aborted(seaweed: SeaweedServer) -> None:
+    """Bug 15 of "Nothing lost": a daemon killed mid-upload leaves its multipart upload
+    behind (8 after 5 kills); the next mount aborts those older than the threshold, under
+    its own prefix only."""
+    prefix = f"mp-{uuid.uuid4().hex[:8]}"
+    o = S3Origin.from_url(seaweed.url(prefix), env=seaweed.env)
+    other = S3Origin.from_url(seaweed.url(f"{prefix}-other"), env=seaweed.env)
+    assert o._raw is not None
+    for origin, key in ((o, f"{prefix}/big.bin"), (other, f"{prefix}-other/x.bin")):
+        assert origin._raw is not None
+        origin._raw.request("POST", key, "test", {"uploads": ""})
+    assert o.abort_stale_uploads(older_than_s=3600) == 0  # too recent
+    assert o.abort_stale_uploads(older_than_s=0) == 1
+    assert o.abort_stale_uploads(older_than_s=0) == 0
+    assert other.abort_stale_uploads(older_than_s=0) == 1  # untouched by the first
