@@ -272,7 +272,14 @@ class Daemon:
         st = self.area.get(path) if path else None
         if st is not None:
             return Kind.FILE, st.mode
-        entry, _at = await self.fs.origin_entry(path)
+        try:
+            entry, _at = await self.fs.origin_entry(path)
+        except OriginError as exc:
+            node = self.fs.inodes.at(path)
+            known = node.entry if node is not None else self.fs.inodes.last_known(path)
+            if not exc.transient or known is None:
+                raise
+            entry = known  # origin down: what the mount shows is what it knows
         return None if entry is None else (entry.kind, entry.mode)
 
     def _mode_of(self, path: str, entry: Entry) -> int:
