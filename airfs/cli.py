@@ -102,14 +102,15 @@ def _mount_config(args: argparse.Namespace) -> Any:
 
 def clear_dead_mount(mp: str) -> bool:
     """Unmount (lazily) an airfs mount on ``mp`` whose daemon is gone (the kernel answers
-    ENOTCONN), as left by a daemon killed with SIGKILL; True if one was cleared."""
+    ENOTCONN or ECONNABORTED), as left by a daemon killed with SIGKILL; True if one was
+    cleared."""
     if mounts().get(mp) != MOUNT_TYPE:
         return False
     try:
         os.stat(mp)
         return False  # alive
     except OSError as exc:
-        if exc.errno != errno.ENOTCONN:
+        if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED):
             return False
     cmd = ["umount", "-l", mp] if os.geteuid() == 0 else ["fusermount3", "-u", "-z", mp]
     with contextlib.suppress(OSError, subprocess.SubprocessError):

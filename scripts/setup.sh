@@ -13,6 +13,8 @@ command -v gcc >/dev/null || need_apt+=(gcc)
 # the test suite runs real tools through the mount: vim (scripted edits), flock(1), rsync
 command -v vim >/dev/null || command -v vim.tiny >/dev/null || need_apt+=(vim-tiny)
 command -v flock >/dev/null || need_apt+=(util-linux)
+# PySpark (the tables tests run it in local mode) needs a Java runtime
+command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "airfs setup: missing system packages: ${need_apt[*]} (run as root or install them)" >&2
@@ -33,5 +35,5 @@ pip_q() { .venv/bin/pip install -q --disable-pip-version-check "$@"; }
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   pip_q "torch==${AIRFS_TORCH_VERSION:-2.13.0}"
 fi
-pip_q -e '.[torch,test]'
+pip_q -e '.[torch,tables,test]'
 echo "airfs setup: ready (.venv/bin/airfs)"

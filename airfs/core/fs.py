@@ -272,9 +272,9 @@ class Filesystem:
         path = self._child(parent_ino, name)
         st = self.area.get(path)
         if st is not None:
-            node = self.inodes.bind(path, Kind.FILE, None)
-            node.lookups += 1
-            return self._staged_attr(node, st)
+            bound = self.inodes.bind(path, Kind.FILE, None)
+            bound.lookups += 1
+            return self._staged_attr(bound, st)
         node = self.inodes.at(path)
         if node is None or not self._fresh(node):
             try:
@@ -365,11 +365,11 @@ class Filesystem:
                     self.area.release(st)
                     self.area.notify()
         if mode is not None or mtime_ns is not None:
-            st = self.area.get(node.path) if node.path is not None else node.staged
+            cur = self.area.get(node.path) if node.path is not None else node.staged
             new_mode = None if mode is None else stat.S_IMODE(mode)
-            if st is not None:
-                self.area.set_attrs(st, mode=new_mode, mtime_ns=mtime_ns)
-            at_origin = st is None or not any(v.dirty for v in self.area.versions(st))
+            if cur is not None:
+                self.area.set_attrs(cur, mode=new_mode, mtime_ns=mtime_ns)
+            at_origin = cur is None or not any(v.dirty for v in self.area.versions(cur))
             if at_origin and node.path is not None and node.kind is not Kind.SYMLINK:
                 entry = await self.origin.set_attrs(node.path, new_mode, mtime_ns)
                 node.entry = entry
@@ -644,7 +644,7 @@ class Filesystem:
                 new.refs += 1
         if h.node.staged is st:
             h.node.staged = new
-        self.area.release(st)
+        self.area.release(st)  # type: ignore[arg-type]
         return new
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:

@@ -71,7 +71,7 @@ class AsyncOrigin:
         self._calls: collections.Counter[str] = collections.Counter()
         self._retries: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
-        self._seconds: collections.Counter[str] = collections.Counter()
+        self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -94,7 +94,7 @@ class AsyncOrigin:
         """Run ``fn(*args)`` in a worker thread, retrying transient errors (see the module
         docstring for ``fast`` and ``abandon``)."""
         tries = self.attempts if attempts is None else attempts
-        delay = self.base_delay
+        delay: float = self.base_delay
         job = functools.partial(fn, *args)
         for attempt in range(1, tries + 1):
             if fast and self.down:

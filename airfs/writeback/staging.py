@@ -192,6 +192,9 @@ class StagingArea:
         self.bytes = 0
         #: closed files whose journal record could not be written (disk full): retried
         self.unjournaled: set[Staged] = set()
+        #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
+        #: the path fails naming them, even when the conflict happened before it started
+        self.unreported: list[tuple[str, str]] = []
         #: called with a path whose commit may have become possible (the uploader's queue)
         self.on_ready: Callable[[PathState], None] = lambda ps: None
 
@@ -320,8 +323,8 @@ class StagingArea:
         self.on_ready(ps)
 
     def _record(self, st: Staged) -> Record:
-        assert st.ps is not None and st.ps.path is not None and st.seq is not None
         ps = st.ps
+        assert ps is not None and ps.path is not None and st.seq is not None
         return Record(
             st.id, ps.path, ps.base, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
         )
@@ -578,6 +581,7 @@ class StagingArea:
     def lost(self, st: Staged, path: str, kept: str) -> None:
         """``st`` lost a conflict at ``path``; its bytes are in ``kept``: forget it."""
         st.conflict = (path, kept)
+        self.unreported.append(st.conflict)
         if st.seq is not None:
             _remove_record_xattr(st)
             self.journal.write(deletes=(st.id,))
@@ -634,8 +638,8 @@ class StagingArea:
             ev = self.change_event()
             now_targets = []
             for st, g in targets:
-                while st.replaced_by is not None:
-                    st, g = st.replaced_by, st.replaced_by.journaled_gen or st.replaced_by.gen
+                while (nxt := st.replaced_by) is not None:
+                    st, g = nxt, nxt.journaled_gen or nxt.gen
                     st.urgent = True
                     start.setdefault(st.id, st.attempts)
                 now_targets.append((st, g))
@@ -647,6 +651,9 @@ class StagingArea:
             ]
             hard = [st for st, _ in left if st.failed_since(start[st.id])]
             if hard or (lost and not left):
+                for st in lost:
+                    if st.conflict in self.unreported:
+                        self.unreported.remove(st.conflict)
                 raise OSError(errno.EIO, _failure(hard, lost))
             if not left:
                 return len(targets)
@@ -674,11 +681,16 @@ class StagingArea:
 
 
 def _failure(hard: list[Staged], lost: list[Staged]) -> str:
+    return failure_message(hard, [c for st in lost if (c := st.conflict)])
+
+
+def failure_message(hard: list[Staged], conflicts: list[tuple[str, str]]) -> str:
+    """One line naming what a barrier could not commit and where lost bytes are kept."""
     parts = []
-    if lost:
-        kept = "; ".join(f"{c[0]} -> {c[1]}" for st in lost[:5] if (c := st.conflict))
+    if conflicts:
+        kept = "; ".join(f"{path} -> {copy}" for path, copy in conflicts[:5])
         parts.append(
-            f"{len(lost)} file(s) lost a conflict with another version at the origin; "
+            f"{len(conflicts)} file(s) lost a conflict with another version at the origin; "
             f"their bytes are kept: {kept}"
         )
     if hard:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import hashlib
 import heapq
 import itertools
@@ -40,7 +41,7 @@ import trio
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Entry, NotFound, OriginError
 
-from .staging import PathState, Staged, StagingArea
+from .staging import PathState, Staged, StagingArea, failure_message
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +323,18 @@ class Uploader:
                 # committed as it is now: journaled, so that later writes go to a new version
                 self.area.journal_closed(st)
         targets = [(v, v.gen) for st in live for v in self.area.versions(st) if v.dirty]
-        return await self.commit(targets, on_progress)
+        out = await self.commit(targets, on_progress)
+        prefix = dir_path + "/" if dir_path else ""
+        earlier = [
+            c
+            for c in self.area.unreported
+            if not dir_path or c[0] == dir_path or c[0].startswith(prefix)
+        ]
+        if earlier:  # lost before this flush started: still a write made before the call
+            for c in earlier:
+                self.area.unreported.remove(c)
+            raise OSError(errno.EIO, failure_message([], earlier))
+        return out
 
     async def commit(
         self,
@@ -350,9 +362,7 @@ class Uploader:
             commit_mib_s=round(self.committed_bytes / self.commit_seconds / 2**20, 1)
             if self.commit_seconds
             else 0.0,
-            recent_commit_mib_s=round(sum(n for _, n in window) / span / 2**20, 1)
-            if span
-            else 0.0,
+            recent_commit_mib_s=round(sum(n for _, n in window) / span / 2**20, 1) if span else 0.0,
             already_committed=self.already_committed,
             errors=self.errors,
             last_error=self.last_error,

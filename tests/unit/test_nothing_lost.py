@@ -1,6 +1,6 @@
 """Regression tests of the "Nothing lost" issue, on the core as the daemon builds it (no
 kernel): each names the bug it pins down. The mounted counterparts (real vim, flock(1),
-kill -9, damaged journal files on disk, S3) are in ``tests/fuse/test_nothing_lost.py``."""
+kill -9, damaged journal files on disk, S3) are in ``tests/fuse/test_nothing_lost_mounted.py``."""
 
 from __future__ import annotations
 
