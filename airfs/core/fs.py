@@ -517,8 +517,15 @@ class Filesystem:
         new = self._new_child(new_parent, new_name)
         if old == new:
             return
-        await self._settle(old)
-        await self._settle(new)
+        held = self.area.hold(old, new)  # no commit starts on these names meanwhile
+        try:
+            await self._settle(old)
+            await self._settle(new)
+            await self._rename(old, new, noreplace=noreplace)
+        finally:
+            self.area.unhold(held)
+
+    async def _rename(self, old: str, new: str, *, noreplace: bool) -> None:
         st_src = self.area.get(old)
         st_dst = self.area.get(new)
         dst_entry = None if st_dst is not None else await self._stat(new)

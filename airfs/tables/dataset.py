@@ -55,7 +55,7 @@ class TableDataset(IterableDataset[dict[str, Any]]):
     daemon is also asked to fetch the next ``prefetch_files`` whole files of this worker into
     its cache, never the file being read (pyarrow reads it already; a whole-file fetch beside
     those reads competed with them). Measured on 2 cores, cold: 125 against 110 MiB/s without
-    (docs/tables-benchmarks.md). Turn it off when a worker reads a small part of each file (a
+    (docs/benchmarks.md, "Tables"). Turn it off when a worker reads a small part of each file (a
     few columns of wide files): the daemon would fetch what is not read.
 
     **Resume.** :meth:`state_dict` says how many rows each worker consumed; after

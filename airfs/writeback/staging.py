@@ -58,6 +58,8 @@ class PathState:
     uploading: Staged | None = None
     #: files kept from a crash: an older closed version that may have landed at the origin
     priors: list[str] = field(default_factory=list)
+    #: name operations in progress on this path at the origin: no commit starts meanwhile
+    held: int = 0
 
     @property
     def live(self) -> Staged | None:
@@ -65,7 +67,7 @@ class PathState:
 
     def candidate(self) -> Staged | None:
         """The version to commit next: the newest closed one, if nothing is uploading."""
-        if self.uploading is not None or self.path is None:
+        if self.uploading is not None or self.path is None or self.held:
             return None
         for v in reversed(self.versions):
             if v.closed_version and v.dirty:
@@ -361,6 +363,26 @@ class StagingArea:
             for p, ps in self.paths.items()
             if (not dir_path or p == dir_path or p.startswith(prefix)) and (live := ps.live)
         ]
+
+    def hold(self, *paths: str) -> list[PathState]:
+        """Stop new commits at or under ``paths`` until :meth:`unhold` (a rename is changing
+        those names at the origin; a commit started meanwhile would race it)."""
+        held = []
+        for path in paths:
+            prefix = path + "/" if path else ""
+            for p, ps in self.paths.items():
+                if not path or p == path or p.startswith(prefix):
+                    ps.held += 1
+                    held.append(ps)
+        return held
+
+    def unhold(self, held: list[PathState]) -> None:
+        for ps in held:
+            ps.held -= 1
+            if ps.held < 0:
+                raise AssertionError(f"{ps.path}: hold count went negative")
+            if not ps.held and ps.path is not None:
+                self.on_ready(ps)
 
     def versions(self, st: Staged) -> list[Staged]:
         """The versions of ``st``'s file, oldest first (``[st]`` if it was deleted)."""
