@@ -39,6 +39,16 @@ def fail(msg: str, code: int = 1) -> int:
     return code
 
 
+def _octal_mode(text: str) -> int:
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an octal mode (e.g. 640)") from None
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a mode between 000 and 777")
+    return mode
+
+
 def default_cache_dir(mountpoint: str) -> str:
     key = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:12]
     base = "/var/cache/airfs" if os.geteuid() == 0 else os.path.expanduser("~/.cache/airfs")
@@ -79,6 +89,8 @@ def _mount_config(args: argparse.Namespace) -> Any:
         s3_endpoint=args.s3_endpoint,
         s3_region=args.s3_region,
         s3_path_style=args.s3_path_style,
+        s3_default_mode=args.s3_default_mode,
+        s3_list_heads=args.s3_list_heads,
         drain_timeout=args.drain_timeout,
         debug=args.debug,
         no_cache=args.no_cache,
@@ -155,13 +167,18 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if reason:
         return fail(reason)
     cfg = _mount_config(args)
-    from airfs.mount import run
+    from airfs.mount import MountError, prepare_cache_dir, run
 
     if args.foreground:
         return run(cfg, None, foreground=True)
-    os.makedirs(cfg.cache_dir, exist_ok=True)
+    try:
+        prepare_cache_dir(cfg.cache_dir)
+    except MountError as exc:
+        return fail(str(exc))
     rfd, wfd = os.pipe()
-    with open(cfg.log_file, "ab") as log:
+    log_fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.fchmod(log_fd, 0o600)  # the log names files: the mounting user's only
+    with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "airfs.mount", cfg.to_json(), "--ready-fd", str(wfd)],
             stdin=subprocess.DEVNULL,
@@ -251,6 +268,8 @@ def cmd_umount(args: argparse.Namespace) -> int:
             mp, "unmount", on_progress=_progress_printer("draining", not args.quiet)
         )
     except client.ControlError as exc:
+        if exc.errno in (errno.EPERM, errno.EACCES):
+            return fail(str(exc))  # refused: --force would not help
         if not args.force:
             return fail(f"{exc} (use --force to unmount without draining)")
         result = {"drained": False, "error": str(exc)}
@@ -469,6 +488,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         default=None,
         help="path-style S3 addressing (most self-hosted stores need it)",
+    )
+    m.add_argument(
+        "--s3-default-mode",
+        type=_octal_mode,
+        default=None,
+        metavar="OCTAL",
+        help="mode of S3 objects that carry none (written by other tools; default 644)",
+    )
+    m.add_argument(
+        "--s3-trust-listings",
+        dest="s3_list_heads",
+        action="store_false",
+        help="list objects not seen yet with the default mode instead of a HEAD each "
+        "(faster first listings; only where no private files are written)",
     )
     m.add_argument(
         "--drain-timeout",

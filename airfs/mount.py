@@ -17,6 +17,7 @@ import logging
 import os
 import resource
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable
@@ -26,7 +27,9 @@ from typing import Any
 import trio
 
 from airfs.build import build
-from airfs.control.protocol import socket_path
+from airfs.control.auth import Caller, MountOwner
+from airfs.control.protocol import SocketDirError, socket_path
+from airfs.control.scope import ScopedOrigin
 from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
@@ -34,7 +37,7 @@ from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse import DEFAULT_TRANSPORT
 from airfs.fuse.transport import Transport, TransportError, make_transport
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Origin, OriginError
+from airfs.origin.base import Entry, Kind, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
 from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.journal import JournalDamaged
@@ -60,6 +63,10 @@ class MountConfig:
     s3_endpoint: str | None = None
     s3_region: str | None = None
     s3_path_style: bool | None = None
+    #: mode of S3 objects written by other tools (None: the origin's default, 0o644)
+    s3_default_mode: int | None = None
+    #: False: S3 listings show unseen objects with the default mode (no HEAD per object)
+    s3_list_heads: bool = True
     drain_timeout: float = 3600.0
     read_ahead_kb: int = 1024
     debug: bool = False
@@ -83,6 +90,48 @@ class MountConfig:
 
 class MountError(Exception):
     """A mount cannot start; the message is the one line shown to the user."""
+
+
+#: the daemon's umask: everything it creates under the cache dir (blocks, index, staging,
+#: journal, conflicts, recovered files, the log) is 0600, directories 0700
+UMASK = 0o077
+
+
+def prepare_cache_dir(path: str) -> None:
+    """Create the cache dir (mode 0700), or check an existing one: it must be a directory
+    owned by this user that no other user can enter (it holds copies of files and their
+    paths). An empty directory that others could enter is closed (0700); a non-empty one is
+    refused. Raises :class:`MountError` with a one-line reason."""
+    uid = os.geteuid()
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, 0o755, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)
+        return
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise MountError(f"cannot create cache dir {path}: {exc.strerror or exc}") from None
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        raise MountError(f"cache dir {path}: {exc.strerror or exc}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise MountError(f"cache dir {path} is not a directory")
+    if st.st_uid != uid:
+        raise MountError(
+            f"cache dir {path} belongs to uid {st.st_uid}, not to the mounting user (uid {uid})"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077:
+        if not os.listdir(path):
+            os.chmod(path, 0o700)
+            return
+        raise MountError(
+            f"cache dir {path} is open to other users (mode {mode:o}): they could read the "
+            f"cached files and their paths; run chmod 700 {path} first, or use a new cache dir"
+        )
 
 
 def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
@@ -112,6 +161,8 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
                 endpoint=cfg.s3_endpoint,
                 region=cfg.s3_region,
                 path_style=cfg.s3_path_style,
+                list_heads=cfg.s3_list_heads,
+                **({} if cfg.s3_default_mode is None else {"default_mode": cfg.s3_default_mode}),
             )
         if "://" in spec and not spec.startswith("file://"):
             raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")
@@ -194,6 +245,8 @@ class Daemon:
         self.prefetcher: BackgroundPrefetch
         self.read_ahead = False
         self.transport: Transport | None = None
+        #: who owns every object as the mount reports it (see Filesystem's ``owner``)
+        self.owner = MountOwner(os.getuid(), os.getgid())
 
     # -- control operations -----------------------------------------------------------------
 
@@ -214,18 +267,60 @@ class Daemon:
             "fuse": self.transport.statistics() if self.transport is not None else None,
         }
 
-    async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]:
-        return await warm(
-            self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
+    def _privileged(self, caller: Caller) -> bool:
+        return caller.uid in (0, os.geteuid())
+
+    async def lookup(self, path: str) -> tuple[Kind, int] | None:
+        """Kind and mode of ``path`` as the mount shows it (None: no such object); the
+        control socket authorises requests with it."""
+        st = self.area.get(path) if path else None
+        if st is not None:
+            return Kind.FILE, st.mode
+        try:
+            entry, _at = await self.fs.origin_entry(path)
+        except OriginError as exc:
+            node = self.fs.inodes.at(path)
+            known = node.entry if node is not None else self.fs.inodes.last_known(path)
+            if not exc.transient or known is None:
+                raise
+            entry = known  # origin down: what the mount shows is what it knows
+        return None if entry is None else (entry.kind, entry.mode)
+
+    def _mode_of(self, path: str, entry: Entry) -> int:
+        st = self.area.get(path) if entry.kind is Kind.FILE else None
+        return st.mode if st is not None else entry.mode
+
+    async def warm(
+        self, paths: list[str], jobs: int, progress: Progress, caller: Caller
+    ) -> dict[str, Any]:
+        """Warm ``paths`` (already authorised); below them only what ``caller`` may read."""
+        if caller.uid == 0:
+            return await warm(
+                self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
+            )
+        view = ScopedOrigin(
+            self.origin, caller, self.owner, self._mode_of, on_listing=self.fs.listings.put
         )
+        out = await warm(view.as_origin(), self.readpath, paths, jobs, progress)
+        return {**out, "skipped": view.skipped}
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]:
         self.prefetcher.submit(paths)
         return {"queued": len(paths)}
 
-    async def flush(self, path: str, progress: Progress) -> dict[str, Any]:
+    async def flush(self, path: str, progress: Progress, caller: Caller) -> dict[str, Any]:
         t0 = time.monotonic()
-        out = await self.uploader.flush(path, progress)
+        try:
+            out = await self.uploader.flush(path, progress)
+        except OSError as exc:
+            if self._privileged(caller):
+                raise
+            # the uploader's message names files: say only what failed, not which
+            raise OSError(
+                exc.errno,
+                f"some files under {path or '/'} cannot be committed (root or the mount's "
+                "owner can see which in airfs status)",
+            ) from None
         await trio.to_thread.run_sync(self.area.journal.sync)
         return {**out, "seconds": round(time.monotonic() - t0, 3)}
 
@@ -260,6 +355,7 @@ class Daemon:
 
     async def run(self, ready: Callable[[str | None], None]) -> int:
         cfg = self.cfg
+        os.umask(UMASK)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 1 << 20)), hard))
@@ -267,7 +363,7 @@ class Daemon:
         if cfg.origin is None:
             overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         sync_origin = open_origin(cfg, overlay_fd)
-        os.makedirs(cfg.cache_dir, exist_ok=True)
+        prepare_cache_dir(cfg.cache_dir)
         lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -333,7 +429,10 @@ class Daemon:
         try:
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._raise_read_ahead, initialized)
-                await nursery.start(control.serve)
+                try:
+                    await nursery.start(control.serve)
+                except SocketDirError as exc:
+                    raise MountError(str(exc.strerror or exc)) from None
                 nursery.start_soon(self._fuse_main)
                 nursery.start_soon(self._signals)
                 nursery.start_soon(self._sync_journal)
@@ -432,7 +531,7 @@ def setup_logging(cfg: MountConfig, foreground: bool) -> None:
 
 def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False) -> int:
     """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code."""
-    setup_logging(cfg, foreground)
+    os.umask(UMASK)
     said = False
 
     def ready(err: str | None) -> None:
@@ -449,17 +548,32 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
             print(f"airfs: {err}", file=sys.stderr)
 
     try:
+        prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
+        setup_logging(cfg, foreground)
         return trio.run(Daemon(cfg).run, ready)
     except MountError as exc:
         log.error("%s", exc)
         ready(str(exc))
         return 1
     except Exception as exc:
+        reason = _mount_error(exc)
+        if reason is not None:  # raised inside a nursery: still the one-line reason
+            log.error("%s", reason)
+            ready(reason)
+            return 1
         log.exception("daemon failed")
         ready(f"daemon failed: {exc}")
         return 1
     finally:
         ready("daemon exited before the mount was ready")
+
+
+def _mount_error(exc: BaseException) -> str | None:
+    """The message of the :class:`MountError` that ``exc`` (an exception group from the
+    daemon's nurseries) carries, if that is all it carries."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return str(exc) if isinstance(exc, MountError) else None
 
 
 def main(argv: list[str] | None = None) -> int:

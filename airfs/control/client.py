@@ -5,12 +5,15 @@ Nothing here needs trio; every call opens a connection, sends one request and re
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import socket
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .auth import peer_caller
 from .protocol import MOUNT_TYPE, decode, encode, socket_path
 
 
@@ -33,6 +36,28 @@ def _airfs_mounts() -> set[str]:
     except OSError:
         pass
     return out
+
+
+def mount_owner(mountpoint: str) -> int | None:
+    """The uid that owns the airfs mount at ``mountpoint`` (FUSE's ``user_id=`` in the mount
+    table), or None if it is not listed."""
+    mp = os.path.realpath(mountpoint)
+    found = None
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            for line in f:
+                left, sep, right = line.partition(" - ")
+                parts, tail = left.split(), right.split()
+                if not sep or len(parts) < 5 or len(tail) < 3 or tail[0] != MOUNT_TYPE:
+                    continue
+                if parts[4].encode().decode("unicode_escape") != mp:
+                    continue
+                for opt in tail[2].split(","):
+                    if opt.startswith("user_id="):
+                        found = int(opt[len("user_id=") :])
+    except (OSError, ValueError):
+        return None
+    return found
 
 
 def find_mount(path: str) -> str | None:
@@ -64,7 +89,10 @@ def request(
     cannot be reached or answers with an error, ``TimeoutError`` when ``timeout`` seconds
     pass without the result (progress lines do not extend it).
     """
-    path = socket_path(mountpoint)
+    owner = mount_owner(mountpoint)
+    if owner is None:  # not in the mount table (yet): assume it is ours
+        owner = os.geteuid()
+    path = socket_path(mountpoint, owner)
     deadline = None if timeout is None else time.monotonic() + timeout
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
@@ -73,27 +101,53 @@ def request(
             s.connect(path)
         except OSError as exc:
             raise ControlError(
-                f"cannot reach the airfs daemon of {mountpoint} ({path}): {exc.strerror or exc}"
+                f"cannot reach the airfs daemon of {mountpoint} ({path}): {exc.strerror or exc}",
+                exc.errno,
             ) from None
-        s.sendall(encode({"op": op, **args}))
-        with s.makefile("rb") as f:
-            for line in f:
-                msg = decode(line)
-                if "progress" in msg:
-                    if on_progress is not None:
-                        on_progress(msg["progress"])
-                    if deadline is not None:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            raise TimeoutError(f"{op} did not finish within {timeout}s")
-                        s.settimeout(left)
-                    continue
-                if msg.get("ok"):
-                    return msg.get("result")
-                raise ControlError(str(msg.get("error", "unknown error")), msg.get("errno"))
+        server = peer_caller(s)
+        if server.uid not in (0, owner):
+            raise ControlError(
+                f"{path} is served by uid {server.uid}, not by the mount's owner (uid {owner}); "
+                "refusing to talk to it",
+                errno.EPERM,
+            )
+        # refused before reading (too many connections): the reply is read below
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(encode({"op": op, **args}))
+        try:
+            return _read_reply(s, op, on_progress, deadline, timeout)
+        except (ConnectionResetError, BrokenPipeError):
+            pass
         raise ControlError(f"the airfs daemon of {mountpoint} closed the connection")
     finally:
         s.close()
+
+
+def _read_reply(
+    s: socket.socket,
+    op: str,
+    on_progress: Callable[[dict[str, Any]], None] | None,
+    deadline: float | None,
+    timeout: float | None,
+) -> Any:
+    """Read progress lines, then return the result or raise :class:`ControlError`; raises
+    ``ConnectionResetError`` when the stream ends without a final line."""
+    with s.makefile("rb") as f:
+        for line in f:
+            msg = decode(line)
+            if "progress" in msg:
+                if on_progress is not None:
+                    on_progress(msg["progress"])
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError(f"{op} did not finish within {timeout}s")
+                    s.settimeout(left)
+                continue
+            if msg.get("ok"):
+                return msg.get("result")
+            raise ControlError(str(msg.get("error", "unknown error")), msg.get("errno"))
+    raise ConnectionResetError(errno.ECONNRESET, "the daemon closed the connection")
 
 
 def status(mountpoint: str) -> dict[str, Any]:

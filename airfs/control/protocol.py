@@ -1,5 +1,21 @@
 """Where a mount's control socket lives, and how messages are framed.
 
+Location: one socket per mount, named by a hash of the mountpoint, in a directory that only
+the mount's owner can write, so that whoever finds it there knows who serves it:
+
+* mounts owned by root: ``/run/airfs/<hash>.sock``; the directory is root's, mode 0755, and
+  the socket is 0666, so every local user's tools (``airfs status``, the dataset's prefetch,
+  the checkpoint commit barrier) reach it; each request is authorised by the caller's peer
+  credentials (:mod:`airfs.control.auth`);
+* mounts owned by another user: ``/run/user/<uid>/airfs/`` when the login manager made
+  ``/run/user/<uid>`` for that user, else ``/tmp/airfs-<uid>/``; the directory must belong to
+  that user and be closed to everyone else (0700), else it is refused, so that another user
+  cannot pre-create it to hijack or block the socket.
+
+The location depends only on the mountpoint and the owner's uid (never on environment
+variables), so any process can find it; clients read the owner from the mount table
+(``user_id=`` of a FUSE mount).
+
 Framing: the client sends one JSON object on one line, ``{"op": NAME, ...args}``. The server
 answers with zero or more progress lines ``{"progress": {...}}`` and then exactly one final
 line: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": MESSAGE, "errno": N}``.
@@ -7,27 +23,81 @@ line: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": MESSAGE, "errn
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import stat
 from typing import Any
 
 MOUNT_TYPE = "fuse.airfs"
+ROOT_DIR = "/run/airfs"
 
 
-def runtime_dir() -> str:
-    """Directory holding control sockets: ``/run/airfs`` for root, else under
-    ``$XDG_RUNTIME_DIR`` (or ``/tmp/airfs-UID``)."""
-    if os.geteuid() == 0:
-        return "/run/airfs"
-    base = os.environ.get("XDG_RUNTIME_DIR")
-    return os.path.join(base, "airfs") if base else f"/tmp/airfs-{os.geteuid()}"
+class SocketDirError(OSError):
+    """A socket directory that cannot be trusted (wrong owner, open to others, a link)."""
 
 
-def socket_path(mountpoint: str) -> str:
-    """The control socket of the mount at ``mountpoint`` (any spelling of the path)."""
+def runtime_dir(uid: int | None = None) -> str:
+    """The directory holding the control sockets of mounts owned by ``uid`` (default: the
+    effective uid of this process)."""
+    uid = os.geteuid() if uid is None else uid
+    if uid == 0:
+        return ROOT_DIR
+    user_run = f"/run/user/{uid}"
+    try:
+        st = os.lstat(user_run)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+        return os.path.join(user_run, "airfs")
+    return f"/tmp/airfs-{uid}"
+
+
+def socket_path(mountpoint: str, uid: int | None = None) -> str:
+    """The control socket of the mount at ``mountpoint`` (any spelling of the path) owned by
+    ``uid`` (default: this process's effective uid)."""
     key = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:20]
-    return os.path.join(runtime_dir(), f"{key}.sock")
+    return os.path.join(runtime_dir(uid), f"{key}.sock")
+
+
+def check_dir(path: str, uid: int, mode: int) -> None:
+    """Raise :class:`SocketDirError` unless ``path`` is a real directory (not a link) owned by
+    ``uid`` that nobody else may write (``mode`` 0755) or enter (``mode`` 0700)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise SocketDirError(errno.ENOENT, f"socket directory {path} does not exist") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise SocketDirError(errno.EPERM, f"socket directory {path} is not a directory")
+    if st.st_uid != uid:
+        raise SocketDirError(
+            errno.EPERM, f"socket directory {path} belongs to uid {st.st_uid}, not {uid}"
+        )
+    allowed = ~mode & 0o777
+    if stat.S_IMODE(st.st_mode) & (allowed | 0o7000):
+        raise SocketDirError(
+            errno.EPERM,
+            f"socket directory {path} has mode {stat.S_IMODE(st.st_mode):o} "
+            f"(other users could replace the socket; expected {mode:o})",
+        )
+
+
+def prepare_dir(path: str, uid: int) -> None:
+    """Create the socket directory of ``uid``'s mounts if needed and check it: root's is
+    0755 (the sockets in it are for everyone), another user's 0700. Raises
+    :class:`SocketDirError` with a one-line reason when it cannot be trusted."""
+    mode = 0o755 if uid == 0 else 0o700
+    try:
+        os.mkdir(path, mode)
+        os.chmod(path, mode)  # mkdir applies the umask
+    except FileExistsError:
+        pass
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), 0o755, exist_ok=True)
+        os.mkdir(path, mode)
+        os.chmod(path, mode)
+    check_dir(path, uid, mode)
 
 
 def encode(msg: dict[str, Any]) -> bytes:

@@ -1,7 +1,16 @@
-"""The daemon side of the control socket (framing in :mod:`airfs.control.protocol`)."""
+"""The daemon side of the control socket (framing and location in
+:mod:`airfs.control.protocol`, the rules in :mod:`airfs.control.auth`).
+
+Each connection carries one request. Before anything is read, the caller's credentials are
+taken from the socket (``SO_PEERCRED``) and its uid's connection count is checked; a caller
+that does not send its request line within ``idle_timeout`` is dropped. Every refusal is
+answered with EACCES/EPERM (EAGAIN for too many connections) and a one-line reason, logged,
+and counted in ``status`` under ``control``.
+"""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -11,7 +20,21 @@ from typing import Any, Protocol
 
 import trio
 
-from .protocol import decode, encode
+from .auth import (
+    Caller,
+    ConnectionLimit,
+    Denials,
+    Denied,
+    Lookup,
+    MountOwner,
+    R,
+    W,
+    check_path,
+    normalize,
+    peer_caller,
+    redact,
+)
+from .protocol import decode, encode, prepare_dir
 
 log = logging.getLogger(__name__)
 
@@ -19,37 +42,79 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 class Controlled(Protocol):
-    """What the daemon offers the control socket."""
+    """What the daemon offers the control socket. ``caller`` is already authorised for the
+    paths given; operations that walk a tree (``warm``) must apply the same rules below."""
+
+    #: the owner and group the mount reports for every object
+    owner: MountOwner
 
     def status(self) -> dict[str, Any]: ...
 
-    async def warm(self, paths: list[str], jobs: int, progress: Progress) -> dict[str, Any]: ...
+    async def lookup(self, path: str) -> Any: ...
+
+    async def warm(
+        self, paths: list[str], jobs: int, progress: Progress, caller: Caller
+    ) -> dict[str, Any]: ...
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]: ...
 
-    async def flush(self, path: str, progress: Progress) -> dict[str, Any]: ...
+    async def flush(self, path: str, progress: Progress, caller: Caller) -> dict[str, Any]: ...
 
     async def unmount(self, progress: Progress) -> dict[str, Any]: ...
 
 
-_MAX_LINE = 64 << 20
+_MAX_LINE = 8 << 20
+_OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount"})
 
 
 class ControlServer:
-    """Serves one Unix socket; each connection carries one request."""
+    """Serves one Unix socket. ``owner_uid`` (the daemon's user) may do everything root may;
+    ``socket_uid`` owns the socket directory (checked before binding)."""
 
-    def __init__(self, target: Controlled, path: str) -> None:
+    def __init__(
+        self,
+        target: Controlled,
+        path: str,
+        *,
+        owner_uid: int | None = None,
+        limit: ConnectionLimit | None = None,
+        idle_timeout: float = 10.0,
+    ) -> None:
         self.target = target
         self.path = path
+        self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
+        self.limit = limit or ConnectionLimit()
+        self.idle_timeout = idle_timeout
+        self.denials = Denials()
+        self.requests: collections.Counter[str] = collections.Counter()
+
+    def privileged(self, caller: Caller) -> bool:
+        """Root or the mount's owner."""
+        return caller.uid in (0, self.owner_uid)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "connections": sum(self.limit.open.values()),
+            "requests": sum(self.requests.values()),
+            "requests_by_op": dict(self.requests),
+            "refused_connections": self.limit.refused,
+            "denied": self.denials.total,
+            "denied_by_op": dict(self.denials.by_op),
+        }
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
+        """Bind (after checking the socket directory), then serve until cancelled; the socket
+        file is removed on the way out. Raises :class:`~airfs.control.protocol.SocketDirError`
+        when the directory cannot be trusted."""
+        prepare_dir(os.path.dirname(self.path), os.geteuid())
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await sock.bind(self.path)
+        # anyone may connect: each request is authorised by its peer credentials; a socket
+        # of a non-root mount is reachable only by its owner anyway (0700 directory)
         os.chmod(self.path, 0o666)
-        sock.listen(64)
+        sock.listen(128)
         listener = trio.SocketListener(sock)
         try:
             task_status.started()
@@ -60,60 +125,157 @@ class ControlServer:
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         async with stream:
-            buf = bytearray()
+            try:
+                caller = peer_caller(stream.socket)
+            except OSError as exc:
+                log.warning("control: no peer credentials (%s); connection dropped", exc)
+                return
+            if not self.limit.acquire(caller.uid):
+                self.denials.record(caller, "connect", "too many connections")
+                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                    await stream.send_all(
+                        encode(
+                            {
+                                "ok": False,
+                                "error": f"too many connections from uid {caller.uid} "
+                                f"(at most {self.limit.per_uid})",
+                                "errno": errno.EAGAIN,
+                            }
+                        )
+                    )
+                return
+            try:
+                await self._serve_one(stream, caller)
+            finally:
+                self.limit.release(caller.uid)
+
+    async def _read_line(self, stream: trio.SocketStream) -> bytes | None:
+        buf = bytearray()
+        with trio.move_on_after(self.idle_timeout):
             while b"\n" not in buf:
                 chunk = await stream.receive_some(1 << 16)
                 if not chunk or len(buf) > _MAX_LINE:
-                    return
+                    return None
                 buf += chunk
-            send_lock = trio.Lock()
-            pending: list[bytes] = []
+            return bytes(buf[: buf.index(b"\n")])
+        return None
 
-            def progress(p: dict[str, Any]) -> None:
-                pending.append(encode({"progress": p}))
+    async def _serve_one(self, stream: trio.SocketStream, caller: Caller) -> None:
+        line = await self._read_line(stream)
+        if line is None:
+            return
+        send_lock = trio.Lock()
+        pending: list[bytes] = []
 
-            async def pump() -> None:
-                while True:
-                    await trio.sleep(0.1)
-                    await drain()
+        def progress(p: dict[str, Any]) -> None:
+            pending.append(encode({"progress": p}))
 
-            async def drain() -> None:
-                async with send_lock:
-                    while pending:
-                        await stream.send_all(pending.pop(0))
-
-            try:
-                req = decode(bytes(buf[: buf.index(b"\n")]))
-                async with trio.open_nursery() as nursery:
-                    nursery.start_soon(pump)
-                    result = await self._dispatch(req, progress)
-                    nursery.cancel_scope.cancel()
+        async def pump() -> None:
+            while True:
+                await trio.sleep(0.1)
                 await drain()
-                reply: dict[str, Any] = {"ok": True, "result": result}
-            except OSError as exc:
-                reply = {"ok": False, "error": exc.strerror or str(exc), "errno": exc.errno}
-            except (ValueError, KeyError, TypeError) as exc:
-                reply = {"ok": False, "error": f"bad request: {exc}", "errno": errno.EINVAL}
-            except Exception as exc:
-                log.exception("control request failed")
-                reply = {"ok": False, "error": repr(exc), "errno": errno.EIO}
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(encode(reply))
 
-    async def _dispatch(self, req: dict[str, Any], progress: Progress) -> Any:
+        async def drain() -> None:
+            async with send_lock:
+                while pending:
+                    await stream.send_all(pending.pop(0))
+
+        op = "?"
+        try:
+            req = decode(line)
+            op = str(req.get("op"))
+            self.requests[op if op in _OPS else "other"] += 1
+            failed: Exception | None = None
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(pump)
+                try:
+                    result = await self._dispatch(req, caller, progress)
+                except Exception as exc:  # raised below, not wrapped in the nursery's group
+                    failed = _leaf(exc)
+                nursery.cancel_scope.cancel()
+            if failed is not None:
+                raise failed
+            await drain()
+            reply: dict[str, Any] = {"ok": True, "result": result}
+        except Denied as exc:
+            self.denials.record(caller, op, exc.strerror or str(exc))
+            reply = {"ok": False, "error": exc.strerror or str(exc), "errno": exc.errno}
+        except OSError as exc:
+            reply = {"ok": False, "error": exc.strerror or str(exc), "errno": exc.errno}
+        except (ValueError, KeyError, TypeError) as exc:
+            reply = {"ok": False, "error": f"bad request: {exc}", "errno": errno.EINVAL}
+        except Exception as exc:
+            log.exception("control request failed")
+            reply = {"ok": False, "error": repr(exc), "errno": errno.EIO}
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(encode(reply))
+
+    async def _checked(self, caller: Caller, raw: Any, want: int) -> str:
+        """``raw`` normalised, and authorised for ``want`` unless the caller is root (root
+        may read and write anything: nothing is looked up, so that a flush or a warm never
+        waits for the origin, or fails while it is down, before it starts)."""
+        path = normalize(raw)
+        if caller.uid != 0:
+            lookup: Lookup = self.target.lookup
+            await check_path(caller, path, want, self.target.owner, lookup)
+        return path
+
+    async def _dispatch(self, req: dict[str, Any], caller: Caller, progress: Progress) -> Any:
         op = req.get("op")
         t = self.target
+
+        async def status() -> Any:
+            out = {**t.status(), "control": self.statistics()}
+            return out if self.privileged(caller) else redact(out)
+
+        async def warm() -> Any:
+            paths = [await self._checked(caller, p, R) for p in _list(req["paths"])]
+            return await t.warm(paths, int(req.get("jobs", 128)), progress, caller)
+
+        async def prefetch() -> Any:
+            # hints: a path gone meanwhile is skipped; one the caller may not read refuses all
+            if caller.uid == 0:
+                paths = [normalize(p) for p in _list(req["paths"])]
+            else:
+                paths = []
+                for p in _list(req["paths"]):
+                    with contextlib.suppress(FileNotFoundError):
+                        paths.append(await self._checked(caller, p, R))
+            return t.prefetch(paths)
+
+        async def flush() -> Any:
+            path = await self._checked(caller, req.get("path", ""), W)
+            return await t.flush(path, progress, caller)
+
+        async def unmount() -> Any:
+            if not self.privileged(caller):
+                raise Denied(
+                    errno.EPERM,
+                    f"only root or the mount's owner (uid {self.owner_uid}) may unmount",
+                )
+            return await t.unmount(progress)
+
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
-            "status": lambda: _value(t.status()),
-            "warm": lambda: t.warm(list(req["paths"]), int(req.get("jobs", 128)), progress),
-            "prefetch": lambda: _value(t.prefetch(list(req["paths"]))),
-            "flush": lambda: t.flush(str(req.get("path", "")), progress),
-            "unmount": lambda: t.unmount(progress),
+            "status": status,
+            "warm": warm,
+            "prefetch": prefetch,
+            "flush": flush,
+            "unmount": unmount,
         }
         if op not in handlers:
             raise ValueError(f"unknown op {op!r}")
         return await handlers[str(op)]()
 
 
-async def _value(v: Any) -> Any:
+def _leaf(exc: Exception) -> Exception:
+    """The one exception an exception group (from a nursery below) carries, else ``exc``:
+    so that an ``OSError`` is answered with its errno and message."""
+    while isinstance(exc, ExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def _list(v: Any) -> list[Any]:
+    if not isinstance(v, list):
+        raise TypeError("paths must be a list")
     return v

@@ -2,7 +2,9 @@
 
 Every call works relative to a directory file descriptor opened once, at construction. That is
 what lets airfs overlay a directory *in place*: the daemon opens ``/Volumes`` first, then mounts
-on top of it, and keeps serving what was underneath through the descriptor.
+on top of it, and keeps serving what was underneath through the descriptor. Paths are resolved
+under it without following any symbolic link (:mod:`airfs.origin.beneath`): a link in the
+middle of a path is "not a directory", a link is never opened, written or chmod'ed through.
 
 Version tag: ``"<inode>-<size>-<mtime_ns>"`` (hex). :meth:`PosixOrigin.put` writes a temporary
 file beside the target (named ``.airfs-tmp-*``, hidden from listings), fsyncs it and renames it
@@ -34,6 +36,7 @@ from .base import (
     from_oserror,
     split,
 )
+from .beneath import open_beneath, parent_of
 
 TMP_PREFIX = ".airfs-tmp-"
 _COPY_CHUNK = 64 << 20
@@ -135,17 +138,23 @@ class PosixOrigin:
 
     # -- reads ---------------------------------------------------------------------------
 
+    def _lstat(self, path: str) -> os.stat_result:
+        with parent_of(self._fd, path) as (d, name):
+            return os.stat(name, dir_fd=d, follow_symlinks=False)
+
     def stat(self, path: str) -> Entry:
         try:
-            st = os.stat(self._rel(path), dir_fd=self._fd, follow_symlinks=False)
+            st = self._lstat(path)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return _entry(split(path)[1], st)
 
     def list(self, path: str) -> list[Entry]:
         try:
-            fd = os.open(self._rel(path), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._fd)
+            fd = open_beneath(self._fd, self._rel(path), os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                exc = OSError(errno.ENOTDIR, "not a directory (a symbolic link)")
             raise from_oserror(exc, path) from None
         try:
             out: list[Entry] = []
@@ -166,7 +175,7 @@ class PosixOrigin:
     @contextlib.contextmanager
     def _open_file(self, path: str, version: str | None) -> Iterator[int]:
         try:
-            fd = os.open(self._rel(path), os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self._fd)
+            fd = open_beneath(self._fd, self._rel(path), os.O_RDONLY)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         try:
@@ -234,7 +243,8 @@ class PosixOrigin:
 
     def readlink(self, path: str) -> str:
         try:
-            return os.readlink(self._rel(path), dir_fd=self._fd)
+            with parent_of(self._fd, path) as (d, name):
+                return os.readlink(name, dir_fd=d)
         except OSError as exc:
             raise from_oserror(exc, path) from None
 
@@ -265,18 +275,6 @@ class PosixOrigin:
             raise Conflict(f"{path}: {what}")
         return cur
 
-    @contextlib.contextmanager
-    def _dir_locked(self, parent: str) -> Iterator[None]:
-        try:
-            fd = os.open(self._rel(parent), os.O_RDONLY | os.O_DIRECTORY, dir_fd=self._fd)
-        except OSError as exc:
-            raise from_oserror(exc, parent) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)
-
     def put(
         self,
         path: str,
@@ -286,45 +284,53 @@ class PosixOrigin:
         mode: int | None = None,
         mtime_ns: int | None = None,
     ) -> Entry:
-        parent = split(path)[0]
-        tmp_name = f"{TMP_PREFIX}{uuid.uuid4().hex}"
-        tmp = f"{parent}/{tmp_name}" if parent else tmp_name
+        """See :meth:`Origin.put`. The temporary file is created 0600 beside the target (the
+        directory resolved without following links), filled and fsynced; then, under an
+        exclusive ``flock`` of the directory, the precondition is checked, the file gets its
+        final mode and is renamed over ``path``: the name never shows it with another mode
+        (``mode`` None keeps a plain file's mode, never a symbolic link's 0o777)."""
+        parent, _, name = path.rpartition("/")
+        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
-            dst = os.open(
-                tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600, dir_fd=self._fd
-            )
+            d = open_beneath(self._fd, parent or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                exc = OSError(errno.ENOTDIR, "not a directory (a symbolic link)")
             raise from_oserror(exc, path) from None
         try:
             try:
-                with open(source, "rb") as src:
-                    _copy_sparse(src.fileno(), dst)
-                if mtime_ns is not None:
-                    os.utime(dst, ns=(mtime_ns, mtime_ns))
-                os.fsync(dst)
-                # the final mode is set before the file becomes visible (no window in which
-                # a private file is readable at the origin)
-                with self._dir_locked(parent):
+                flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                dst = os.open(tmp, flags, 0o600, dir_fd=d)
+                try:
+                    with open(source, "rb") as src:
+                        _copy_sparse(src.fileno(), dst)
+                    if mtime_ns is not None:
+                        os.utime(dst, ns=(mtime_ns, mtime_ns))
+                    os.fsync(dst)
+                    fcntl.flock(d, fcntl.LOCK_EX)  # released when d is closed
                     cur = self._check_match(path, if_match)
                     if mode is None:
                         keep = cur is not None and cur.kind is Kind.FILE
                         mode = cur.mode if keep and cur is not None else 0o644
                     os.fchmod(dst, stat.S_IMODE(mode))
-                    os.rename(tmp, self._rel(path), src_dir_fd=self._fd, dst_dir_fd=self._fd)
+                    os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
                     st = os.fstat(dst)
-            finally:
-                os.close(dst)
-        except BaseException as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=self._fd)
-            if isinstance(exc, OSError) and not isinstance(exc, OriginError):
-                raise from_oserror(exc, path) from None
-            raise
-        return _entry(split(path)[1], st)
+                finally:
+                    os.close(dst)
+            except BaseException as exc:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=d)
+                if isinstance(exc, OSError) and not isinstance(exc, OriginError):
+                    raise from_oserror(exc, path) from None
+                raise
+        finally:
+            os.close(d)
+        return _entry(name, st)
 
     def delete(self, path: str) -> None:
         try:
-            os.unlink(self._rel(path), dir_fd=self._fd)
+            with parent_of(self._fd, path) as (d, name):
+                os.unlink(name, dir_fd=d)
         except IsADirectoryError:
             raise IsADir(f"{path}: is a directory") from None
         except OSError as exc:
@@ -339,15 +345,25 @@ class PosixOrigin:
             return False
 
     def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+        """Create a directory with exactly ``mode`` (not narrowed by the process umask: the
+        caller's umask was applied by the kernel already). It is created 0700 and then
+        widened through its own descriptor (never through a name that could be swapped)."""
         try:
-            os.mkdir(self._rel(path), mode, dir_fd=self._fd)
+            with parent_of(self._fd, path) as (d, name):
+                os.mkdir(name, 0o700, dir_fd=d)
+                fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=d)
+                try:
+                    os.fchmod(fd, stat.S_IMODE(mode))
+                finally:
+                    os.close(fd)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)
 
     def rmdir(self, path: str) -> None:
         try:
-            os.rmdir(self._rel(path), dir_fd=self._fd)
+            with parent_of(self._fd, path) as (d, name):
+                os.rmdir(name, dir_fd=d)
         except OSError as exc:
             if exc.errno == errno.EEXIST:
                 exc = OSError(errno.ENOTEMPTY, "directory not empty")
@@ -359,12 +375,12 @@ class PosixOrigin:
                 # link-free check: renameat2(RENAME_NOREPLACE) is not in the os module, so check
                 # first; the window is documented (the core serialises its own renames).
                 try:
-                    os.stat(dst, dir_fd=self._fd, follow_symlinks=False)
+                    self._lstat(dst)
                 except FileNotFoundError:
                     pass
                 else:
                     raise Exists(f"{dst}: exists")
-            s = os.stat(src, dir_fd=self._fd, follow_symlinks=False)
+            s = self._lstat(src)
             try:
                 d = self.stat(dst)
             except NotFound:
@@ -377,7 +393,8 @@ class PosixOrigin:
                 dst_is_empty=lambda: True,
                 where=dst,
             )
-            os.rename(src, dst, src_dir_fd=self._fd, dst_dir_fd=self._fd)
+            with parent_of(self._fd, src) as (sd, sname), parent_of(self._fd, dst) as (dd, dname):
+                os.rename(sname, dname, src_dir_fd=sd, dst_dir_fd=dd)
         except OriginError:
             raise
         except OSError as exc:
@@ -387,19 +404,26 @@ class PosixOrigin:
 
     def symlink(self, path: str, target: str) -> Entry:
         try:
-            os.symlink(target, self._rel(path), dir_fd=self._fd)
+            with parent_of(self._fd, path) as (d, name):
+                os.symlink(target, name, dir_fd=d)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)
 
     def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        rel = self._rel(path)
+        """Set the mode and/or mtime of a file or directory (of a symbolic link: the mtime
+        only; the link itself is never followed)."""
         try:
-            if mode is not None:
-                os.chmod(rel, stat.S_IMODE(mode), dir_fd=self._fd)
-            if mtime_ns is not None:
-                st = os.stat(rel, dir_fd=self._fd, follow_symlinks=False)
-                os.utime(rel, ns=(st.st_atime_ns, mtime_ns), dir_fd=self._fd, follow_symlinks=False)
+            with parent_of(self._fd, path) as (d, name):
+                st = os.stat(name, dir_fd=d, follow_symlinks=False)
+                if mode is not None and not stat.S_ISLNK(st.st_mode):
+                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+                    try:  # chmod through the very inode looked at (O_PATH: no read needed)
+                        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode))
+                    finally:
+                        os.close(fd)
+                if mtime_ns is not None:
+                    os.utime(name, ns=(st.st_atime_ns, mtime_ns), dir_fd=d, follow_symlinks=False)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)

@@ -4,8 +4,14 @@ obstore's calls release the GIL, so the core's worker threads run them in parall
 the bucket (``s3://BUCKET/PREFIX``; the prefix is prepended to every key):
 
 * a file ``a/b.bin`` is the object ``PREFIX/a/b.bin``; its version tag is the ETag (quotes
-  included, as S3 sends it); mode 0o644, mtime from ``Last-Modified`` (whole seconds on most
-  servers);
+  included, as S3 sends it); mtime from ``Last-Modified`` (whole seconds on most servers);
+  its mode is kept in the object's user metadata ``x-amz-meta-airfs-mode`` (octal), written
+  with the object itself by :meth:`S3Origin.put` (so it is never visible with another mode)
+  and changed by ``set_attrs`` (a copy of the object onto itself); objects written by other
+  tools have ``default_mode`` (0o644 unless configured). Listings do not carry user
+  metadata: the mode of a listed object is known from this origin's own puts and heads
+  (remembered per key and ETag) or asked for with a HEAD (in parallel), so a listing never
+  shows a private object with the default mode;
 * directories are key prefixes. ``mkdir`` writes a zero-byte *marker* object ``PREFIX/a/`` (the
   convention of the S3 console, Hadoop S3A, rclone, gcsfuse); a path is a directory if its
   marker exists or any key starts with ``path/``, so objects written by other tools
@@ -32,10 +38,11 @@ condition is checked with a HEAD just before the upload: a writer that sneaks in
 HEAD and the end of the upload is overwritten (a documented race, as for any last-writer-wins
 store).
 
-Not atomic: renames are copy + delete (a file; a copy is limited to 5 GiB by AWS), a directory
-rename moves object by object. ``rename(replace=False)`` checks the destination first (race
-documented). Symbolic links are not supported (:class:`NotSupported`); ``set_attrs`` is accepted
-and changes nothing (S3 keeps no mode or settable mtime). Names that are not valid keys for
+Not atomic: renames are copy + delete (a file; a copy is limited to 5 GiB by AWS; the copy
+keeps the mode), a directory rename moves object by object. ``rename(replace=False)`` checks
+the destination first (race documented). Symbolic links are not supported
+(:class:`NotSupported`); ``set_attrs`` stores a mode and ignores mtimes (S3 has no settable
+mtime). Names that are not valid keys for
 obstore (control characters) fail with EINVAL. SeaweedFS turns ``\\`` in a key into ``/``.
 """
 
@@ -55,7 +62,9 @@ import time
 import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +105,24 @@ DEFAULT_PUT_CONCURRENCY = 8
 DEFAULT_TIMEOUT = 300.0
 #: Objects named like this (at the root of the origin) are hidden: the conditional-put probe.
 PROBE_PREFIX = ".airfs-probe-"
+#: User metadata holding a file's mode (``x-amz-meta-airfs-mode``: octal digits).
+MODE_ATTR = "airfs-mode"
+#: Mode of objects without :data:`MODE_ATTR` (written by other tools), unless configured.
+DEFAULT_MODE = 0o644
+#: Modes remembered per key (with the ETag they belong to), and HEADs in flight per listing.
+MODE_CACHE_MAX = 1 << 20
+LIST_HEADS = 32
+
+
+def _parse_mode(value: str | None) -> int | None:
+    if not value:
+        return None
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        return None
+    return mode if 0 <= mode <= 0o7777 else None
+
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _STATUS_RE = re.compile(r"status code: (\d{3})")
@@ -317,11 +344,19 @@ class _RawS3:
         if conn is not None:
             conn.close()
 
-    def _headers(self, method: str, path: str, query: str, body: bytes) -> dict[str, str]:
+    def _headers(
+        self,
+        method: str,
+        path: str,
+        query: str,
+        body: bytes,
+        extra: Mapping[str, str] | None = None,
+    ) -> dict[str, str]:
         now = dt.datetime.now(dt.UTC)
         amz_date = now.strftime("%Y%m%dT%H%M%SZ")
         payload = hashlib.sha256(body).hexdigest()
         headers = {"host": self.netloc, "x-amz-date": amz_date, "x-amz-content-sha256": payload}
+        headers.update({k.lower(): v for k, v in (extra or {}).items()})
         if self.creds is None:  # anonymous (AWS_SKIP_SIGNATURE)
             return headers
         ak, sk, token = self.creds.get()
@@ -359,9 +394,10 @@ class _RawS3:
         where: str,
         query: Mapping[str, str] | None = None,
         body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
     ) -> bytes:
-        """Send one request (``key=None``: the bucket itself); raise the typed error for a
-        non-2xx reply; return the body."""
+        """Send one request (``key=None``: the bucket itself) with extra signed ``headers``;
+        raise the typed error for a non-2xx reply; return the body."""
         path = self.base + ("/" + _q(key, safe="/~") if key is not None else "") or "/"
         qs = "&".join(f"{_q(k)}={_q(v)}" for k, v in sorted((query or {}).items()))
         target = f"{path}?{qs}" if qs else path
@@ -370,7 +406,10 @@ class _RawS3:
             conn = self._conn()
             try:
                 conn.request(
-                    method, target, body=body, headers=self._headers(method, path, qs, body)
+                    method,
+                    target,
+                    body=body,
+                    headers=self._headers(method, path, qs, body, headers),
                 )
                 resp = conn.getresponse()
                 data = resp.read()
@@ -449,8 +488,15 @@ class S3Origin:
         single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
         part_size: int = DEFAULT_PART_SIZE,
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+        default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
     ) -> None:
         self._store = store
+        self.default_mode = default_mode & 0o7777
+        self.list_heads = list_heads
+        #: path -> (ETag, mode): what this origin knows of objects' modes
+        self._modes: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        self._modes_lock = threading.Lock()
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
@@ -481,6 +527,8 @@ class S3Origin:
         single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
         part_size: int = DEFAULT_PART_SIZE,
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+        default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
     ) -> S3Origin:
         """Open ``s3://BUCKET[/PREFIX]``.
 
@@ -496,6 +544,11 @@ class S3Origin:
 
         ``conditional_writes``: None probes the server on the first conditional put;
         True/False asserts it. ``timeout`` is the limit per HTTP request, in seconds.
+        ``default_mode``: the mode of objects that carry none (written by other tools).
+        ``list_heads=False``: listings give objects this origin has not seen yet
+        ``default_mode`` instead of asking each one's mode (faster first listings of large
+        directories; a private object written by another node then shows the default mode
+        until it is stat'ed).
 
         With ``check``, one cheap listing is made and failures raise a one-line typed error:
         :class:`PermissionDenied` (credentials), :class:`NotFound` (bucket),
@@ -582,6 +635,8 @@ class S3Origin:
             single_put_max=single_put_max,
             part_size=part_size,
             put_concurrency=put_concurrency,
+            default_mode=default_mode,
+            list_heads=list_heads,
         )
         if check:
             quick = make_store(
@@ -625,10 +680,10 @@ class S3Origin:
         """The full object key of ``path`` (prefix included)."""
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def _file_entry(self, name: str, meta: Mapping[str, Any]) -> Entry:
+    def _file_entry(self, name: str, meta: Mapping[str, Any], mode: int) -> Entry:
         etag = meta.get("e_tag") or ""
         seen = self._put_attrs.get(etag)
-        mtime_ns, mode = seen or (_ns(meta.get("last_modified")) or time.time_ns(), 0o644)
+        mtime_ns = seen[0] if seen else (_ns(meta.get("last_modified")) or time.time_ns())
         return Entry(
             name=name,
             kind=Kind.FILE,
@@ -638,10 +693,30 @@ class S3Origin:
             version=etag,
         )
 
+    def _remember(self, path: str, etag: str, mode: int) -> None:
+        with self._modes_lock:
+            self._modes[path] = (etag, mode)
+            self._modes.move_to_end(path)
+            while len(self._modes) > MODE_CACHE_MAX:
+                self._modes.popitem(last=False)
+
+    def _known_mode(self, path: str, etag: str) -> int | None:
+        with self._modes_lock:
+            got = self._modes.get(path)
+        return got[1] if got is not None and got[0] == etag else None
+
+    def _mode_of(self, path: str, meta: Mapping[str, Any]) -> int:
+        """The mode of a HEAD's result (see :meth:`_head`), remembered for listings."""
+        mode = meta.get("mode")
+        if mode is None:
+            mode = self.default_mode
+        self._remember(path, meta.get("e_tag") or "", mode)
+        return mode
+
     def _remember_attrs(self, etag: str, mode: int | None, mtime_ns: int | None) -> None:
-        """The mode and mtime of an object this process put (S3 keeps neither): served for
-        that exact version while the process runs, so a file's attributes do not change by
-        themselves when it is committed. Bounded."""
+        """The mtime of an object this process put or touched (S3 keeps none): served for
+        that exact version while the process runs, so a file's mtime does not change by
+        itself when it is committed. Bounded. (Modes are in the objects' metadata.)"""
         if not etag or (mode is None and mtime_ns is None):
             return
         with self._attrs_lock:
@@ -656,9 +731,11 @@ class S3Origin:
         return Entry(name, Kind.DIR, 0, self._dir_mtime_ns, 0o755, "")
 
     def _head(self, path: str) -> Mapping[str, Any] | None:
-        """The object's metadata, or None if there is no object ``path``."""
+        """The object's metadata (with ``mode``: the stored mode, or None if it has none), or
+        None if there is no object ``path``."""
         try:
-            return obstore.head(self._store, path)
+            res = obstore.get(self._store, path, options={"head": True})
+            return {**res.meta, "mode": _parse_mode(res.attributes.get(MODE_ATTR))}
         except Exception as exc:
             err = _translate(exc, self._where(path))
             if isinstance(err, NotFound) and _s3_code(exc) != "NoSuchBucket":
@@ -720,7 +797,7 @@ class S3Origin:
             return self._dir_entry("")
         meta = self._head(path)
         if meta is not None:
-            return self._file_entry(split(path)[1], meta)
+            return self._file_entry(split(path)[1], meta, self._mode_of(path, meta))
         if self._is_dir(path):
             return self._dir_entry(split(path)[1])
         raise NotFound(f"{self._where(path)}: not found")
@@ -737,6 +814,7 @@ class S3Origin:
             if name:
                 out[name] = self._dir_entry(name)
         has_marker = False
+        unknown: list[tuple[str, Mapping[str, Any]]] = []
         for meta in res["objects"]:
             p = meta["path"]
             if p == path:  # the marker "path/" of the listed directory itself
@@ -745,12 +823,43 @@ class S3Origin:
             name = p[cut:]
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
-            out[name] = self._file_entry(name, meta)
+            mode = self._known_mode(p, meta.get("e_tag") or "")
+            if mode is None and not self.list_heads:
+                mode = self.default_mode
+            if mode is None:
+                unknown.append((name, meta))
+            else:
+                out[name] = self._file_entry(name, meta, mode)
+        for name, meta, mode in self._modes_of(unknown):
+            out[name] = self._file_entry(name, meta, mode)
         if not out and not has_marker and path:
             if self._head(path) is not None:
                 raise NotADir(f"{self._where(path)}: not a directory")
             raise NotFound(f"{self._where(path)}: not found")
         return list(out.values())
+
+    def _modes_of(
+        self, listed: list[tuple[str, Mapping[str, Any]]]
+    ) -> list[tuple[str, Mapping[str, Any], int]]:
+        """The modes of listed objects this origin has not seen yet: one HEAD each, in
+        parallel (an object gone meanwhile is left out; one that changed keeps the listed
+        size and version, with the mode of what the HEAD saw: never wider than stored)."""
+        if not listed:
+            return []
+
+        def one(item: tuple[str, Mapping[str, Any]]) -> tuple[str, Mapping[str, Any], int] | None:
+            name, meta = item
+            head = self._head(meta["path"])
+            if head is None:
+                return None
+            return name, meta, self._mode_of(meta["path"], head)
+
+        if len(listed) == 1:
+            found = [one(listed[0])]
+        else:
+            with ThreadPoolExecutor(min(LIST_HEADS, len(listed))) as pool:
+                found = list(pool.map(one, listed))
+        return [f for f in found if f is not None]
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         where = self._where(path)
@@ -861,7 +970,7 @@ class S3Origin:
             pin=False,
             conditional_put=self.conditional_writes(),
             symlinks=False,
-            modes=False,
+            modes=True,
             mtimes=False,
             md5_etag=True,
         )
@@ -890,6 +999,9 @@ class S3Origin:
         mode: int | None = None,
         mtime_ns: int | None = None,
     ) -> Entry:
+        """See :meth:`Origin.put`: the mode travels in the object's metadata, so the object
+        never exists without it (``mode`` None keeps the replaced object's mode); ``mtime_ns``
+        is not kept (S3 sets Last-Modified)."""
         where = self._where(path)
         if not path:
             raise IsADir(f"{where}: is a directory")
@@ -899,17 +1011,27 @@ class S3Origin:
             raise from_oserror(exc, source) from None
         if self._is_dir(path):
             raise IsADir(f"{where}: is a directory")
+        if mode is None:
+            cur = self._head(path)
+            mode = self._mode_of(path, cur) if cur is not None else self.default_mode
+        mode &= 0o7777
+        attributes = {MODE_ATTR: f"{mode:o}"}
         single = size <= self.single_put_max
-        put_mode: Any = None
+        cond: Any = None
         if if_match is not None:
             if single and self.conditional_writes():
-                put_mode = "create" if if_match == "" else {"e_tag": if_match}
+                cond = "create" if if_match == "" else {"e_tag": if_match}
             else:
                 self._check_precondition(path, if_match)
         try:
             if single:
                 res = obstore.put(
-                    self._store, path, Path(source), mode=put_mode, use_multipart=False
+                    self._store,
+                    path,
+                    Path(source),
+                    mode=cond,
+                    use_multipart=False,
+                    attributes=attributes,
                 )
             else:
                 # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
@@ -921,6 +1043,7 @@ class S3Origin:
                     use_multipart=True,
                     chunk_size=part,
                     max_concurrency=self.put_concurrency,
+                    attributes=attributes,
                 )
         except Exception as exc:
             err = _translate(exc, where)
@@ -929,12 +1052,13 @@ class S3Origin:
                 raise Conflict(f"{where}: {what}") from None
             raise err from None
         etag = res.get("e_tag") or ""
+        self._remember(path, etag, mode)
         self._remember_attrs(etag, mode, mtime_ns)
         meta = self._head(path)
         if meta is not None and (meta.get("e_tag") or "") == etag:
-            return self._file_entry(split(path)[1], meta)
+            return self._file_entry(split(path)[1], meta, self._mode_of(path, meta))
         return self._file_entry(
-            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}
+            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}, mode
         )
 
     def delete(self, path: str) -> None:
@@ -1050,15 +1174,36 @@ class S3Origin:
         raise NotSupported(f"{self._where(path)}: symbolic links are not supported on S3 origins")
 
     def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        """S3 stores neither: kept for this version while the process runs (see
-        :meth:`_remember_attrs`)."""
+        """Store ``mode`` (a copy of the object onto itself with new metadata; the ETag may
+        change); ``mtime_ns`` is kept for the resulting version while the process runs (see
+        :meth:`_remember_attrs`); directories keep 0o755."""
         entry = self.stat(path)
-        if entry.kind is Kind.FILE and (mode is not None or mtime_ns is not None):
-            self._remember_attrs(
-                entry.version,
-                entry.mode if mode is None else mode,
-                entry.mtime_ns if mtime_ns is None else mtime_ns,
-            )
+        if entry.kind is not Kind.FILE:
+            return entry
+        if mode is not None and entry.mode != mode & 0o7777:
+            mode &= 0o7777
+            if entry.size > 5 << 30:
+                raise NotSupported(
+                    f"{self._where(path)}: changing the mode of an object over 5 GiB is not "
+                    "supported on S3 (it is a copy)"
+                )
+            raw = self._need_raw("changing a mode", path)
+            key = self._key(path)
+            headers = {
+                "x-amz-copy-source": "/" + _q(self.bucket, safe="") + "/" + _q(key, safe="/~"),
+                "x-amz-metadata-directive": "REPLACE",
+                f"x-amz-meta-{MODE_ATTR}": f"{mode:o}",
+                # a version the caller did not see is not overwritten
+                "x-amz-copy-source-if-match": entry.version,
+            }
+            raw.request("PUT", key, self._where(path), headers=headers)
+            before = self._put_attrs.get(entry.version)
+            entry = self.stat(path)
+            if before is not None and mtime_ns is None:  # the copy keeps the mtime shown
+                self._remember_attrs(entry.version, entry.mode, before[0])
+                entry = self.stat(path)
+        if mtime_ns is not None:
+            self._remember_attrs(entry.version, entry.mode, mtime_ns)
             entry = self.stat(path)
         return entry
 

@@ -66,8 +66,9 @@ class Case:
     origin: Origin
     tmp: Path
     symlinks: bool  # symlink/readlink work
-    modes: bool  # set_attrs stores mode and mtime
+    modes: bool  # set_attrs stores the mode
     strict_parents: bool  # put into a missing parent directory fails (not implied)
+    mtimes: bool = True  # set_attrs stores the mtime
 
     def put_bytes(self, path: str, data: bytes, if_match: str | None = None) -> Entry:
         src = self.tmp / f"src-{uuid.uuid4().hex}"
@@ -98,7 +99,9 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
     else:
         srv = request.getfixturevalue("seaweed")
         origin = new_s3_origin(srv)
-        c = Case("s3", origin, scratch, symlinks=False, modes=False, strict_parents=False)
+        c = Case(
+            "s3", origin, scratch, symlinks=False, modes=True, strict_parents=False, mtimes=False
+        )
     try:
         yield c
     finally:
