@@ -13,7 +13,7 @@ Over a directory origin (page-cached, so the transport and the core are what is 
 
 Each figure is the median of ``--rounds``. Small sizes by default: the machine is shared.
 
-    .venv/bin/python scripts/bench/transport.py --out /tmp/transport.md   (then fold into docs/benchmarks.md)
+    .venv/bin/python scripts/bench/transport.py --out /tmp/transport.md  # fold into docs/
 """
 
 from __future__ import annotations
