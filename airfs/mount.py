@@ -204,7 +204,7 @@ class Daemon:
             "ttl": self.cfg.ttl,
             "read_ahead_kb": self.cfg.read_ahead_kb if self.read_ahead else None,
             "fs": self.fs.statistics(),
-            "cache": self.readpath.statistics(),
+            "cache": self.readpath.statistics().to_dict(),
             "writeback": self.uploader.statistics().to_dict(),
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics(),
