@@ -29,7 +29,7 @@ _VALUED = {
     "s3_region",
     "drain_timeout",
 }
-_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug"}
+_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug", "rebuild_cache"}
 _IGNORED = {
     "rw",
     "ro",

@@ -2,7 +2,14 @@
 path (:class:`CachedReadPath`)."""
 
 from .blockcache import CachedReader, CachedReadPath
-from .index import CacheInUse
+from .index import CacheDamaged, CacheInUse, set_aside
 from .stats import CacheStatistics
 
-__all__ = ["CacheInUse", "CacheStatistics", "CachedReadPath", "CachedReader"]
+__all__ = [
+    "CacheDamaged",
+    "CacheInUse",
+    "CacheStatistics",
+    "CachedReadPath",
+    "CachedReader",
+    "set_aside",
+]

@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from airfs.testing.mountfix import Mounted, fuse_available, is_mounted, mount, teardown
+from airfs.testing.mountfix import (
+    Mounted,
+    fuse_available,
+    is_mounted,
+    mount,
+    mounted,
+    teardown,
+)
 
 pytestmark = [
     pytest.mark.mount,
@@ -84,6 +91,52 @@ def test_bad_input_fails_cleanly(dirs: tuple[Path, Path, Path], tmp_path: Path) 
     p = run("mount", "--bogus-option", str(mnt))
     assert p.returncode == 2 and "unrecognized arguments: --bogus-option" in p.stderr
     assert not is_mounted(mnt)
+
+
+def test_damaged_block_index_is_reported_and_rebuilt(dirs: tuple[Path, Path, Path]) -> None:
+    """A truncated index (LMDB would die of SIGBUS on it) and a garbled one are each refused
+    with one line that names the way out; ``--rebuild-cache`` moves the index aside and the
+    mount serves the right bytes again."""
+    origin, mnt, cache = dirs
+    data = os.urandom(300_000)
+    (origin / "f.bin").write_bytes(data)
+    with mounted(str(origin), mnt, cache) as m:
+        assert (mnt / "f.bin").read_bytes() == data
+        assert m.umount().returncode == 0
+    index = cache / "blocks" / "index"
+    good = (index / "data.mdb").read_bytes()
+    assert len(good) > 3 * 4096
+    damages = {
+        "truncated": good[: 2 * 4096],
+        "garbled": os.urandom(8192) + good[8192:],
+    }
+    for why, damaged in damages.items():
+        (index / "data.mdb").write_bytes(damaged)
+        p = run("mount", "--origin", str(origin), "--cache-dir", str(cache), str(mnt))
+        assert_clean_failure(p, mnt, f"cache index {index} is damaged")
+        assert "--rebuild-cache" in p.stderr and "Traceback" not in p.stderr, why
+        assert p.returncode == 1
+        with mounted(str(origin), mnt, cache, "--rebuild-cache") as m:
+            assert (mnt / "f.bin").read_bytes() == data
+            assert m.status()["cache"]["origin_bytes_read"] == len(data)  # refetched
+            assert m.umount().returncode == 0
+        assert (index / "data.mdb").exists()
+        good = (index / "data.mdb").read_bytes()
+    assert len(list((cache / "blocks").glob("index.damaged-*"))) == 2
+    # an intact index is left alone by --rebuild-cache: the data stays cached
+    with mounted(str(origin), mnt, cache, "--rebuild-cache") as m:
+        assert (mnt / "f.bin").read_bytes() == data
+        assert m.status()["cache"]["origin_bytes_read"] == 0
+        assert m.umount().returncode == 0
+    assert len(list((cache / "blocks").glob("index.damaged-*"))) == 2
+
+
+def test_warm_of_a_missing_path(dirs: tuple[Path, Path, Path]) -> None:
+    origin, mnt, cache = dirs
+    with mounted(str(origin), mnt, cache):
+        p = run("warm", str(mnt / "missing"))
+        assert p.returncode == 1
+        assert p.stderr.strip() == f"airfs: {mnt / 'missing'}: no such file or directory"
 
 
 def test_second_mount_on_same_mountpoint_is_refused(dirs: tuple[Path, Path, Path]) -> None:
