@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from airfs.cache import CachedReadPath, CacheInUse
+from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
+from airfs.cache.index import check_lmdb_file
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict
 from airfs.origin.latency import LatencyOrigin
@@ -589,3 +590,31 @@ async def test_create_in_caller_nursery(tmp_path: Path) -> None:
     async with cached(mo, tmp_path) as rp:
         assert await read_all(rp, obj) == b"x" * 1000
     assert mo.calls["read_range"] == 1
+
+
+async def test_damaged_index_is_refused_with_its_path_and_set_aside(tmp_path: Path) -> None:
+    mo = MemoryOrigin()
+    mo.put_bytes("f", blob(200 * KiB))
+    async with cached(mo, tmp_path) as rp:
+        await read_all(rp, ref(mo, "f"))
+    data_mdb = tmp_path / "index" / "data.mdb"
+    good = data_mdb.read_bytes()
+    assert check_lmdb_file(str(data_mdb)) is None
+    # truncated below the pages its meta names: LMDB would SIGBUS on it, so it is never opened
+    data_mdb.write_bytes(good[: 2 * 4096])
+    assert "truncated" in (check_lmdb_file(str(data_mdb)) or "")
+    with pytest.raises(CacheDamaged, match="truncated") as info:
+        async with cached(mo, tmp_path):
+            pass
+    assert info.value.path == str(tmp_path / "index")
+    data_mdb.write_bytes(b"\0" * 100 + good[100:])
+    with pytest.raises(CacheDamaged, match="not an LMDB file"):
+        async with cached(mo, tmp_path):
+            pass
+    # the lock was released on the way out: set the index aside and start empty
+    moved = set_aside(str(tmp_path / "index"))
+    assert moved is not None and os.path.basename(moved).startswith("index.damaged-")
+    assert set_aside(str(tmp_path / "index")) is None
+    async with cached(mo, tmp_path) as rp:
+        assert await read_all(rp, ref(mo, "f")) == blob(200 * KiB)
+        assert rp.statistics().origin_bytes_read == 200 * KiB

@@ -9,7 +9,7 @@ import pytest
 
 from airfs.cli import _join_negative_values, build_parser, main, parse_size, positive_size
 from airfs.fstab import to_cli_args
-from airfs.mount import check_cache_dir
+from airfs.mount import MountError, check_cache_dir, first_leaf
 
 
 @pytest.mark.parametrize(
@@ -191,3 +191,12 @@ def test_check_cache_dir_accepts_a_sibling(tmp_path: Path) -> None:
     # a name that only starts like the mountpoint is not inside it
     assert check_cache_dir(str(tmp_path / "mnt-cache"), str(tmp_path / "mnt"), None) is None
     assert check_cache_dir(str(tmp_path / "c"), str(tmp_path / "mnt"), "s3://b/p") is None
+
+
+def test_daemon_errors_are_reported_without_their_exception_groups() -> None:
+    err = MountError("cache dir in use")
+    nested = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [err])])
+    assert first_leaf(nested) is err
+    plain = ExceptionGroup("outer", [ExceptionGroup("inner", [KeyError("k")])])
+    assert isinstance(first_leaf(plain), KeyError)
+    assert first_leaf(err) is err
