@@ -337,7 +337,10 @@ def cmd_umount(args: argparse.Namespace) -> int:
         if not args.force:
             return fail(f"{exc} (use --force to unmount without draining)")
         result = {"drained": False, "error": str(exc)}
-        subprocess.run(["fusermount3", "-u", "-z", mp], check=False)
+        try:
+            subprocess.run(["fusermount3", "-u", "-z", mp], check=False, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc2:
+            return fail(f"fusermount3 -u -z {mp} failed: {exc2}")
     if sys.stderr.isatty() and not args.quiet:
         sys.stderr.write("\n")
     deadline = time.monotonic() + args.timeout

@@ -18,6 +18,7 @@ import pytest
 from airfs.testing.mountfix import (
     Mounted,
     fuse_available,
+    fusermount_unmount,
     is_mounted,
     mount,
     mounted,
@@ -58,7 +59,7 @@ def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     mnt.mkdir()
     yield origin, mnt, cache
     if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        fusermount_unmount(mnt)
     for pid in daemons_for(mnt):
         os.kill(pid, signal.SIGKILL)
 
@@ -155,6 +156,7 @@ def test_shared_cache_dir_is_refused(dirs: tuple[Path, Path, Path], tmp_path: Pa
     other = tmp_path / "mnt2"
     other.mkdir()
     m = mount(str(origin), mnt, cache)
+    m.expect_errors(r"is in use by another airfs mount")  # the refused daemon logs here too
     try:
         p = run("mount", "--origin", str(origin), "--cache-dir", str(cache), str(other))
         assert_clean_failure(p, other, "in use by another airfs mount")
@@ -186,19 +188,25 @@ def test_overlay_in_place_and_umount(tmp_path: Path) -> None:
 
 def test_status_reports_the_mount(dirs: tuple[Path, Path, Path]) -> None:
     origin, mnt, cache = dirs
+    t0 = time.monotonic()
     m = mount(str(origin), mnt, cache)
     try:
         (mnt / "f").write_bytes(b"x" * 1000)
         assert (mnt / "f").read_bytes() == b"x" * 1000
+        assert run("flush", str(mnt)).returncode == 0
         p = run("status", "--json", str(mnt))
         assert p.returncode == 0, p.stderr
         st = json.loads(p.stdout)
         assert st["origin"] == str(origin)
         assert st["cache_dir"] == str(cache)
         assert st["pid"] == m.pid
-        assert st["uptime_s"] >= 0
+        # the daemon started after t0 (uptime is rounded to 0.1 s)
+        assert 0 <= st["uptime_s"] <= time.monotonic() - t0 + 0.1
         assert st["fs"]["ops"]["create"] >= 1 and st["fs"]["ops"]["write"] >= 1
-        assert "pending_files" in st["writeback"]
+        wb = st["writeback"]
+        assert (wb["pending_files"], wb["pending_bytes"]) == (0, 0)  # flushed
+        assert (wb["committed_files"], wb["committed_bytes"]) == (1, 1000)
+        assert st["cache"]["kind"] == "cached" and st["cache"]["cache_dir"].startswith(str(cache))
         p = run("status", str(mnt / "f"))
         assert p.returncode == 0 and "origin" in p.stdout and str(origin) in p.stdout
         p = run("status", str(origin))
