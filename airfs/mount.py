@@ -434,10 +434,10 @@ def first_leaf(exc: BaseException) -> BaseException:
     it is not a group); a :class:`MountError` anywhere inside wins."""
     if isinstance(exc, BaseExceptionGroup):
         mount_errors, _ = exc.split(MountError)
-        group = mount_errors if mount_errors is not None else exc
-        while isinstance(group, BaseExceptionGroup):
-            group = group.exceptions[0]
-        return group
+        leaf: BaseException = mount_errors if mount_errors is not None else exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        return leaf
     return exc
 
 

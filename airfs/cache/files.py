@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from typing import Literal
 
 import trio
 
@@ -27,7 +28,9 @@ __all__ = ["CacheFiles"]
 log = logging.getLogger(__name__)
 
 #: A queued file operation: ("unlink", path) or ("punch", obj, [(offset, length), ...]).
-FileOp = tuple[str, str] | tuple[str, CachedObject, list[tuple[int, int]]]
+_Unlink = tuple[Literal["unlink"], str]
+_Punch = tuple[Literal["punch"], CachedObject, list[tuple[int, int]]]
+FileOp = _Unlink | _Punch
 
 
 class CacheFiles:
@@ -139,9 +142,7 @@ class CacheFiles:
             await self.unlink_all(unlinks)
         for op in ops:
             if op[0] == "punch":
-                _, obj, ranges = op
-                assert isinstance(obj, CachedObject) and isinstance(ranges, list)
-                await self._punch(obj, ranges)
+                await self._punch(op[1], op[2])
 
     async def unlink_all(self, paths: list[str]) -> None:
         """Delete ``paths`` (missing ones are fine) in a worker thread."""
@@ -185,7 +186,7 @@ def _unlink_all(paths: list[str]) -> None:
 
 
 def _list_files(data_dir: str) -> list[str]:
-    out = []
+    out: list[str] = []
     for sub in os.scandir(data_dir):
         if sub.is_dir(follow_symlinks=False):
             out.extend(e.path for e in os.scandir(sub.path) if e.is_file(follow_symlinks=False))
