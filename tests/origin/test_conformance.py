@@ -531,15 +531,9 @@ def test_symlink(case: Case, origin: Origin) -> None:
     assert names(origin) == {}
 
 
-def test_put_over_a_symlink_makes_a_plain_file(
-    case: Case, origin: Origin, request: pytest.FixtureRequest
-) -> None:
+def test_put_over_a_symlink_makes_a_plain_file(case: Case, origin: Origin) -> None:
     if not case.symlinks:
         pytest.skip("no symlinks on this origin")
-    if case.name == "posix":
-        # reported bug (airfs/origin/posix.py, PosixOrigin._check_match returns the link's
-        # mode): put() gives the new file the symlink's mode 0o777 (world-writable)
-        request.applymarker(pytest.mark.xfail(strict=True, reason="put copies the link's mode"))
     origin.symlink("ln", "target")
     e = case.put_bytes("ln", b"now a file")
     assert e.kind is Kind.FILE
