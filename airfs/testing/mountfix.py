@@ -89,6 +89,8 @@ class Mounted:
     exit_codes: set[int] = field(default_factory=lambda: {0})
     #: killed on purpose (no exit line to expect)
     killed: bool = False
+    #: size of the log when this daemon was gone: later mounts on the cache dir append there
+    log_end: int | None = None
 
     def expect_errors(self, *patterns: str, exit_codes: Iterable[int] | None = None) -> None:
         """Declare log lines (regular expressions, searched in each ERROR line or traceback
@@ -108,13 +110,21 @@ class Mounted:
             return "(no log)"
 
     def own_log(self) -> str:
-        """What this mount's daemon logged (from its start on)."""
+        """What this mount's daemon logged (from its start until it was gone)."""
         try:
             with open(self.log, "rb") as f:
                 f.seek(self.log_offset)
-                return f.read().decode(errors="replace")
+                n = -1 if self.log_end is None else max(0, self.log_end - self.log_offset)
+                return f.read(n).decode(errors="replace")
         except OSError:
             return ""
+
+    def _daemon_gone(self) -> None:
+        if self.log_end is None:
+            try:
+                self.log_end = self.log.stat().st_size
+            except OSError:
+                self.log_end = self.log_offset
 
     def problems(self) -> list[str]:
         """Why this (stopped) daemon's run was not clean; empty when it was."""
@@ -157,13 +167,16 @@ class Mounted:
             env=self.env or None,
         )
 
-    def kill9(self) -> None:
-        """Simulate a crash: SIGKILL the daemon, then clear the dead mount."""
+    def kill9(self, *, clear_mount: bool = True) -> None:
+        """Simulate a crash: SIGKILL the daemon, then (unless not ``clear_mount``: a test of
+        what the next mount does with a dead one) clear the dead mount."""
         self.killed = True
         with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGKILL)
         _wait_gone(self.pid, 10)
-        fusermount_unmount(self.mountpoint)
+        self._daemon_gone()
+        if clear_mount:
+            fusermount_unmount(self.mountpoint)
 
     def alive(self) -> bool:
         return _alive(self.pid)
@@ -241,6 +254,7 @@ def teardown(m: Mounted, timeout: float = 20, *, check: bool = True) -> None:
             if not m.killed:
                 problems.append(f"the daemon did not exit within {timeout + 10}s of unmount")
                 m.killed = True
+    m._daemon_gone()
     if check:
         problems += m.problems()
         if problems:
