@@ -11,12 +11,13 @@ import contextlib
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
@@ -29,9 +30,72 @@ def parse_size(text: str) -> int:
     """``"50G"``, ``"512MiB"``, ``"1073741824"`` → bytes (powers of 1024)."""
     m = _SIZE.match(str(text))
     if not m:
+        if str(text).strip().startswith("-"):
+            raise argparse.ArgumentTypeError(f"a size cannot be negative: {text!r}")
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 50G, 512M)")
     mult = 1024 ** "_kmgtp".index(m.group(2).lower() or "_")
     return int(float(m.group(1)) * mult)
+
+
+def positive_size(text: str) -> int:
+    """A size of at least one byte (a limit of 0 would make the mount useless)."""
+    n = parse_size(text)
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text!r}")
+    return n
+
+
+def seconds(text: str) -> float:
+    """A finite number of seconds, 0 or more."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds >= 0, got {text!r}")
+    return v
+
+
+def positive_seconds(text: str) -> float:
+    """A finite number of seconds, more than 0 (a timeout)."""
+    v = seconds(text)
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return v
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if v <= 0:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {text!r}")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line (``airfs mount: error: ...``) and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _join_negative_values(argv: list[str]) -> list[str]:
+    """``--cache-size -5G`` → ``--cache-size=-5G``, so that argparse hands a negative value to
+    the option's type (which says what is wrong) instead of taking it for an unknown option.
+    No airfs option starts with a digit, so ``-<digit>...`` is always a value."""
+    out: list[str] = []
+    for arg in argv:
+        prev = out[-1] if out else ""
+        if _NEGATIVE.match(arg) and prev.startswith("-") and "=" not in prev and prev != "--":
+            out[-1] = f"{prev}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+_NEGATIVE = re.compile(r"^-\.?\d")
 
 
 def fail(msg: str, code: int = 1) -> int:
@@ -95,6 +159,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         debug=args.debug,
         no_cache=args.no_cache,
         write_wait=args.write_wait,
+        rebuild_cache=args.rebuild_cache,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
         fuse=args.fuse,
@@ -156,6 +221,17 @@ def check_origin(origin: str | None) -> str | None:
     return None
 
 
+def check_log_file(log_file: str) -> str | None:
+    """The reason the daemon could not write ``log_file``, or None (its cache-dir default
+    directory is created by the mount)."""
+    if os.path.isdir(log_file):
+        return f"log file {log_file} is a directory"
+    parent = os.path.dirname(os.path.abspath(log_file))
+    if not os.path.isdir(parent):
+        return f"log file directory {parent} does not exist"
+    return None
+
+
 def cmd_mount(args: argparse.Namespace) -> int:
     if (
         args.origin is not None
@@ -167,7 +243,13 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if reason:
         return fail(reason)
     cfg = _mount_config(args)
-    from airfs.mount import MountError, prepare_cache_dir, run
+    from airfs.mount import MountError, check_cache_dir, prepare_cache_dir, run
+
+    reason = check_cache_dir(cfg.cache_dir, cfg.mountpoint, cfg.origin)
+    if reason is None and args.log_file:
+        reason = check_log_file(cfg.log_file)
+    if reason:
+        return fail(reason)
 
     if args.foreground:
         return run(cfg, None, foreground=True)
@@ -175,9 +257,14 @@ def cmd_mount(args: argparse.Namespace) -> int:
         prepare_cache_dir(cfg.cache_dir)
     except MountError as exc:
         return fail(str(exc))
+    try:
+        log_fd = os.open(
+            cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+        )
+        os.fchmod(log_fd, 0o600)  # the log names files: the mounting user's only
+    except OSError as exc:
+        return fail(f"{exc.filename}: {exc.strerror}")
     rfd, wfd = os.pipe()
-    log_fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    os.fchmod(log_fd, 0o600)  # the log names files: the mounting user's only
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "airfs.mount", cfg.to_json(), "--ready-fd", str(wfd)],
@@ -273,7 +360,10 @@ def cmd_umount(args: argparse.Namespace) -> int:
         if not args.force:
             return fail(f"{exc} (use --force to unmount without draining)")
         result = {"drained": False, "error": str(exc)}
-        subprocess.run(["fusermount3", "-u", "-z", mp], check=False)
+        try:
+            subprocess.run(["fusermount3", "-u", "-z", mp], check=False, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as exc2:
+            return fail(f"fusermount3 -u -z {mp} failed: {exc2}")
     if sys.stderr.isatty() and not args.quiet:
         sys.stderr.write("\n")
     deadline = time.monotonic() + args.timeout
@@ -374,6 +464,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_warm(args: argparse.Namespace) -> int:
+    for p in args.paths:
+        if not os.path.lexists(p):
+            return fail(f"{p}: no such file or directory")
     mp = _require_mount(args.paths[0])
     for p in args.paths[1:]:
         if client.find_mount(p) != mp:
@@ -418,7 +511,7 @@ def cmd_flush(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="airfs",
         description="Mount shared storage (a directory or an S3-compatible bucket) as a fast, "
         "cached local filesystem for ML training.",
@@ -446,14 +539,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--cache-size",
-        type=parse_size,
+        type=positive_size,
         default=parse_size("50G"),
         metavar="SIZE",
         help="block cache limit (default 50G)",
     )
     m.add_argument(
         "--staging-size",
-        type=parse_size,
+        type=positive_size,
         default=parse_size("100G"),
         metavar="SIZE",
         help="limit on written data not yet committed; writers wait, then get ENOSPC "
@@ -461,7 +554,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--ttl",
-        type=float,
+        type=seconds,
         default=1.0,
         metavar="SECONDS",
         help="attribute/entry cache time; changes at the origin are seen within it (default 1)",
@@ -505,14 +598,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     m.add_argument(
         "--drain-timeout",
-        type=float,
+        type=seconds,
         default=3600.0,
         metavar="SECONDS",
         help="how long unmount waits for pending commits (default 3600)",
     )
     m.add_argument(
         "--write-wait",
-        type=float,
+        type=seconds,
         default=30.0,
         metavar="SECONDS",
         help="how long a writer waits for staging space before ENOSPC (default 30)",
@@ -532,22 +625,28 @@ def build_parser() -> argparse.ArgumentParser:
         "records (what the refusal to start says to run)",
     )
     m.add_argument(
+        "--rebuild-cache",
+        action="store_true",
+        help="if the block cache's index is damaged, move it aside (CACHE_DIR/blocks/"
+        "index.damaged-TIME) and start with an empty block cache; pending writes are kept",
+    )
+    m.add_argument(
         "--emulate-latency",
-        type=float,
+        type=seconds,
         default=0.0,
         metavar="SECONDS",
         help="testing/benchmarks: add this latency to every origin request",
     )
     m.add_argument(
         "--emulate-bandwidth",
-        type=parse_size,
+        type=positive_size,
         default=None,
         metavar="SIZE",
         help="testing/benchmarks: cap origin transfer at SIZE bytes/s (e.g. 100M)",
     )
     m.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=60.0,
         metavar="SECONDS",
         help="how long to wait for the mount to be ready (default 60)",
@@ -569,7 +668,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="unmount even if the daemon does not answer (pending writes stay in the journal)",
     )
-    u.add_argument("--timeout", type=float, default=7200.0, metavar="SECONDS")
+    u.add_argument("--timeout", type=positive_seconds, default=7200.0, metavar="SECONDS")
     u.add_argument("--quiet", "-q", action="store_true")
     u.set_defaults(func=cmd_umount)
 
@@ -589,7 +688,9 @@ def build_parser() -> argparse.ArgumentParser:
         "many concurrent fetches; shows progress and a summary.",
     )
     w.add_argument("paths", nargs="+", metavar="PATH")
-    w.add_argument("-j", "--jobs", type=int, default=128, help="concurrent fetches (default 128)")
+    w.add_argument(
+        "-j", "--jobs", type=positive_int, default=128, help="concurrent fetches (default 128)"
+    )
     w.add_argument("--quiet", "-q", action="store_true")
     w.set_defaults(func=cmd_warm)
 
@@ -600,14 +701,15 @@ def build_parser() -> argparse.ArgumentParser:
         "at the origin. Exit 1 naming the files that cannot be committed.",
     )
     f.add_argument("path", metavar="PATH")
-    f.add_argument("--timeout", type=float, default=None, metavar="SECONDS")
+    f.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS")
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(_join_negative_values(argv))
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -30,7 +30,7 @@ _VALUED = {
     "drain_timeout",
     "fuse",
 }
-_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug"}
+_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug", "rebuild_cache"}
 _IGNORED = {
     "rw",
     "ro",

@@ -72,6 +72,8 @@ class MountConfig:
     debug: bool = False
     no_cache: bool = False
     write_wait: float = 30.0
+    #: a damaged block-cache index is moved aside (the cache starts empty) instead of refused
+    rebuild_cache: bool = False
     #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
     emulate_latency: float = 0.0
     emulate_bandwidth: int | None = None
@@ -134,6 +136,31 @@ def prepare_cache_dir(path: str) -> None:
         )
 
 
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_cache_dir(cache_dir: str, mountpoint: str, origin: str | None) -> str | None:
+    """The reason ``cache_dir`` cannot serve a mount of ``origin`` on ``mountpoint``, or None.
+
+    Refused: a cache dir that exists and is not a directory, and one at or under the
+    mountpoint (including an overlaid one: the daemon would write into its own mount and
+    deadlock) or under a directory origin (its files would show up in the mount)."""
+    real = os.path.realpath(cache_dir)
+    if os.path.lexists(cache_dir) and not os.path.isdir(cache_dir):
+        return f"cache dir {cache_dir} is not a directory"
+    if _inside(real, os.path.realpath(mountpoint)):
+        return (
+            f"cache dir {cache_dir} is on the mount at {mountpoint} (the daemon would write "
+            "into its own mount); choose a --cache-dir outside it"
+        )
+    if origin is not None and "://" not in origin and _inside(real, os.path.realpath(origin)):
+        return (
+            f"cache dir {cache_dir} is inside the origin {origin}; choose a --cache-dir outside it"
+        )
+    return None
+
+
 def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
     """Build the origin named by the config (wrapped in a latency emulator if asked).
     Raises :class:`MountError`."""
@@ -175,18 +202,25 @@ async def make_readpath(cfg: MountConfig, origin: AsyncOrigin, nursery: trio.Nur
     """The block cache + prefetcher (direct origin reads with ``no_cache``)."""
     if cfg.no_cache:
         return DirectReadPath(origin)
-    from airfs.cache import CachedReadPath, CacheInUse
+    from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
 
-    try:
-        return await CachedReadPath.create(
-            nursery,
-            origin,
-            os.path.join(cfg.cache_dir, "blocks"),
-            cache_size=cfg.cache_size,
-            min_free=cfg.min_free,
-        )
-    except CacheInUse as exc:
-        raise MountError(str(exc)) from None
+    blocks = os.path.join(cfg.cache_dir, "blocks")
+    for attempt in range(2):
+        try:
+            return await CachedReadPath.create(
+                nursery, origin, blocks, cache_size=cfg.cache_size, min_free=cfg.min_free
+            )
+        except CacheInUse as exc:
+            raise MountError(str(exc)) from None
+        except CacheDamaged as exc:
+            if not cfg.rebuild_cache or attempt:
+                raise MountError(
+                    f"{exc}; mount with --rebuild-cache to move it aside and start with an "
+                    "empty block cache (pending writes are kept)"
+                ) from None
+            moved = await trio.to_thread.run_sync(set_aside, exc.path)
+            log.warning("%s; moved to %s, starting with an empty block cache", exc, moved)
+    raise AssertionError("unreachable")
 
 
 def _allow_other(cfg: MountConfig) -> bool:
@@ -260,7 +294,7 @@ class Daemon:
             "ttl": self.cfg.ttl,
             "read_ahead_kb": self.cfg.read_ahead_kb if self.read_ahead else None,
             "fs": self.fs.statistics(),
-            "cache": self.readpath.statistics(),
+            "cache": self.readpath.statistics().to_dict(),
             "writeback": self.uploader.statistics().to_dict(),
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics(),
@@ -362,6 +396,9 @@ class Daemon:
         overlay_fd = None
         if cfg.origin is None:
             overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        reason = check_cache_dir(cfg.cache_dir, cfg.mountpoint, cfg.origin)
+        if reason:
+            raise MountError(reason)
         sync_origin = open_origin(cfg, overlay_fd)
         prepare_cache_dir(cfg.cache_dir)
         lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
@@ -516,6 +553,18 @@ async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:
     scope.cancel()
 
 
+def first_leaf(exc: BaseException) -> BaseException:
+    """The first exception that is not an exception group inside ``exc`` (``exc`` itself when
+    it is not a group); a :class:`MountError` anywhere inside wins."""
+    if isinstance(exc, BaseExceptionGroup):
+        mount_errors, _ = exc.split(MountError)
+        leaf: BaseException = mount_errors if mount_errors is not None else exc
+        while isinstance(leaf, BaseExceptionGroup):
+            leaf = leaf.exceptions[0]
+        return leaf
+    return exc
+
+
 def setup_logging(cfg: MountConfig, foreground: bool) -> None:
     level = logging.DEBUG if cfg.debug else logging.INFO
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -551,18 +600,15 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
         return trio.run(Daemon(cfg).run, ready)
-    except MountError as exc:
-        log.error("%s", exc)
-        ready(str(exc))
-        return 1
     except Exception as exc:
-        reason = _mount_error(exc)
-        if reason is not None:  # raised inside a nursery: still the one-line reason
-            log.error("%s", reason)
-            ready(reason)
-            return 1
-        log.exception("daemon failed")
-        ready(f"daemon failed: {exc}")
+        leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself
+        if isinstance(leaf, MountError):
+            log.error("%s", leaf)
+            ready(str(leaf))
+        else:
+            log.exception("daemon failed")
+            what = " ".join(f"{type(leaf).__name__}: {leaf}".split())
+            ready(f"daemon failed: {what} (log: {cfg.log_file})")
         return 1
     finally:
         ready("daemon exited before the mount was ready")

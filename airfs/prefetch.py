@@ -2,7 +2,8 @@
 
 One :class:`Stream` belongs to one reader (one open file handle), so two processes reading the
 same file each keep their own stream. The stream only *decides*; the block cache
-(:mod:`airfs.cache.readpath`) turns its decisions into part fetches and owns the data.
+(:mod:`airfs.cache.blockcache`, :mod:`airfs.cache.fetch`) turns its decisions into part
+fetches and owns the data.
 
 How the window behaves
 ----------------------

@@ -14,7 +14,7 @@ than mixing versions.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from .origin.aio import AsyncOrigin
 
@@ -26,6 +26,36 @@ class ObjectRef:
     path: str
     version: str
     size: int
+
+
+class ReadPathStatistics(Protocol):
+    """What every read path's :meth:`ReadPath.statistics` record offers (each implementation
+    returns a frozen dataclass with more fields)."""
+
+    @property
+    def kind(self) -> str:
+        """``"direct"`` or ``"cached"``."""
+        ...
+
+    @property
+    def origin_bytes_read(self) -> int | None:
+        """Bytes the read path has read from the origin; None where it does not count them."""
+        ...
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready ``{name: value}`` (what ``airfs status`` prints)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirectStatistics:
+    """:class:`DirectReadPath` keeps no counters."""
+
+    kind: Literal["direct"] = "direct"
+    origin_bytes_read: None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind}
 
 
 class Reader(Protocol):
@@ -51,7 +81,9 @@ class ReadPath(Protocol):
         origin."""
         ...
 
-    def statistics(self) -> dict[str, Any]: ...
+    def statistics(self) -> ReadPathStatistics:
+        """A frozen snapshot of the read path's state and counters."""
+        ...
 
     async def aclose(self) -> None: ...
 
@@ -83,8 +115,8 @@ class DirectReadPath:
     async def warm(self, obj: ObjectRef) -> int:
         return 0
 
-    def statistics(self) -> dict[str, Any]:
-        return {"kind": "direct"}
+    def statistics(self) -> DirectStatistics:
+        return DirectStatistics()
 
     async def aclose(self) -> None:
         pass

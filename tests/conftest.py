@@ -16,7 +16,7 @@ import pytest
 
 from airfs.origin.posix import PosixOrigin
 from airfs.testing.fixtures import OriginSpec, Volume
-from airfs.testing.mountfix import fuse_available, teardown
+from airfs.testing.mountfix import fuse_available, teardown_all
 from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
 
 
@@ -64,8 +64,7 @@ def make_volume(origin_spec: OriginSpec, tmp_path: Path) -> Iterator[Callable[..
         return v
 
     yield make
-    for v in made:
-        teardown(v.m)
+    teardown_all(v.m for v in made)
 
 
 @pytest.fixture

@@ -32,11 +32,12 @@ import fcntl
 import json
 import os
 import struct
+import time
 from dataclasses import dataclass
 
 import lmdb
 
-__all__ = ["CacheInUse", "CacheIndex", "ObjectRecord"]
+__all__ = ["CacheDamaged", "CacheInUse", "CacheIndex", "ObjectRecord", "set_aside"]
 
 FORMAT = 1
 _META = struct.Struct("<QQQQ")
@@ -45,6 +46,68 @@ _GEN = struct.Struct("<Q")
 
 class CacheInUse(RuntimeError):
     """Another process owns this cache directory."""
+
+
+class CacheDamaged(RuntimeError):
+    """The index cannot be read (not LMDB, truncated, garbled records). ``path`` is the index
+    directory; :func:`set_aside` moves it out of the way so that a new, empty one is made."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"cache index {path} is damaged ({why})")
+        self.path = path
+
+
+_LMDB_MAGIC = 0xBEEFC0DE
+
+
+def check_lmdb_file(path: str) -> str | None:
+    """Why the LMDB data file ``path`` cannot be opened safely, or None (also when it does not
+    exist yet). LMDB maps the file and trusts its meta pages: a file shorter than the last
+    page they name would kill the process with SIGBUS on first access, so that is checked
+    here, from the two meta pages (page header 16 bytes, then ``mm_magic`` u32, ...,
+    ``mm_dbs[0].md_pad`` = page size u32 at 40, ``mm_last_pg`` u64 at 136, ``mm_txnid`` at
+    144)."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size == 0:
+                return None  # LMDB initialises an empty file
+            first = f.read(152)
+            if len(first) < 152 or struct.unpack_from("<I", first, 16)[0] != _LMDB_MAGIC:
+                return "not an LMDB file"
+            psize = struct.unpack_from("<I", first, 40)[0]
+            if psize < 512 or psize > 1 << 16 or psize & (psize - 1):
+                return f"bad page size {psize}"
+            f.seek(psize)
+            second = f.read(152)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror}"
+    metas = []
+    for page in (first, second):
+        if len(page) == 152 and struct.unpack_from("<I", page, 16)[0] == _LMDB_MAGIC:
+            last_pg, txnid = struct.unpack_from("<QQ", page, 136)
+            metas.append((txnid, last_pg))
+    _, last_pg = max(metas)
+    if size < (last_pg + 1) * psize:
+        return f"truncated: {size} bytes, its pages need {(last_pg + 1) * psize}"
+    return None
+
+
+def set_aside(index_dir: str) -> str | None:
+    """Rename a (damaged) index directory to ``<index_dir>.damaged-<UTC time>``; the new path,
+    or None if there was none. The cache files it described become orphans, which the next
+    open deletes in the background."""
+    if not os.path.lexists(index_dir):
+        return None
+    dest = f"{index_dir}.damaged-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}"
+    n = 0
+    while os.path.lexists(dest if n == 0 else f"{dest}.{n}"):
+        n += 1
+    dest = dest if n == 0 else f"{dest}.{n}"
+    os.rename(index_dir, dest)
+    return dest
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,19 +175,33 @@ class CacheIndex:
             raise CacheInUse(
                 f"{cache_dir}: cache directory in use by another airfs daemon"
             ) from None
+        self.path = os.path.join(cache_dir, "index")
         try:
-            self.env = lmdb.open(
-                os.path.join(cache_dir, "index"),
-                map_size=map_size,
-                max_dbs=4,
-                subdir=True,
-                metasync=False,
-                readahead=False,
-                max_readers=512,
-            )
+            why = check_lmdb_file(os.path.join(self.path, "data.mdb"))
+            if why is not None:
+                raise CacheDamaged(self.path, why)
+            try:
+                self.env = lmdb.open(
+                    self.path,
+                    map_size=map_size,
+                    max_dbs=4,
+                    subdir=True,
+                    metasync=False,
+                    readahead=False,
+                    max_readers=512,
+                )
+            except lmdb.Error as exc:
+                raise CacheDamaged(self.path, str(exc).removeprefix(self.path + ": ")) from None
+            try:
+                self._init_dbs(block_size, chunk_size)
+            except (lmdb.Error, ValueError) as exc:
+                self.env.close()
+                raise CacheDamaged(self.path, str(exc)) from None
         except BaseException:
             os.close(self._lock_fd)
             raise
+
+    def _init_dbs(self, block_size: int, chunk_size: int) -> None:
         self._info = self.env.open_db(b"info")
         self._meta = self.env.open_db(b"meta")
         self._map = self.env.open_db(b"map")
@@ -140,11 +217,15 @@ class CacheIndex:
                 txn.put(b"format", json.dumps(want).encode(), db=self._info)
 
     def load_objects(self) -> list[ObjectRecord]:
-        """Every object record, least recently used first."""
+        """Every object record, least recently used first. Raises :class:`CacheDamaged` if
+        the records cannot be read."""
         out = []
-        with self.env.begin() as txn:
-            for key, raw in txn.cursor(db=self._meta):
-                out.append(decode_meta(bytes(key), bytes(raw)))
+        try:
+            with self.env.begin() as txn:
+                for key, raw in txn.cursor(db=self._meta):
+                    out.append(decode_meta(bytes(key), bytes(raw)))
+        except (lmdb.Error, struct.error, UnicodeDecodeError, ValueError) as exc:
+            raise CacheDamaged(self.path, f"unreadable object records: {exc}") from None
         out.sort(key=lambda r: r.last_used)
         return out
 

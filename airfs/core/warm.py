@@ -69,7 +69,7 @@ async def warm(
     already cached cost nothing), seconds, MiB/s, and failures (path and error, at most 20)."""
     t0 = time.monotonic()
     files = await collect_files(origin, paths, on_listing=on_listing)
-    origin_before = readpath.statistics().get("origin_bytes_read")
+    origin_before = readpath.statistics().origin_bytes_read
     total = sum(f.size for f in files)
     done = {"files": 0, "bytes": 0, "fetched": 0}
     failures: list[dict[str, str]] = []
@@ -106,7 +106,7 @@ async def warm(
             nursery.start_soon(one, obj)
     report(final=True)
     seconds = time.monotonic() - t0
-    origin_after = readpath.statistics().get("origin_bytes_read")
+    origin_after = readpath.statistics().origin_bytes_read
     if origin_before is not None and origin_after is not None:
         # what the origin really sent meanwhile (readers running at the same time count too)
         done["fetched"] = origin_after - origin_before

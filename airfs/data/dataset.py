@@ -104,6 +104,13 @@ class VolumeDataset(IterableDataset[str]):
     Decoding is the job of another dataset that wraps this one (paths in, tensors out).
     """
 
+    # per-process state (set by _init_process_local, also after unpickling in a worker)
+    _local_state: dict[str, Any] | None
+    _local_progress: _Progress | None
+    _progress_source: Callable[[], dict[str, Any]] | None
+    _cache: LocalCache | None
+    _dist_snapshot: tuple[int, int] | None
+
     def __init__(
         self,
         root: str | os.PathLike[str],
@@ -154,8 +161,11 @@ class VolumeDataset(IterableDataset[str]):
         self._namespace = hashlib.sha256(os.path.realpath(self.root).encode()).hexdigest()[:16]
         # Shared with DataLoader workers (fork or spawn), so that set_epoch / load_state_dict
         # made in the main process reach persistent workers.
-        self._blob = torch.zeros(_BLOB_CAPACITY, dtype=torch.uint8).share_memory_()
-        self._stats = torch.zeros((_SLOTS, _NSTATS), dtype=torch.int64).share_memory_()
+        # (torch leaves Tensor.share_memory_ unannotated)
+        self._blob: torch.Tensor = torch.zeros(_BLOB_CAPACITY, dtype=torch.uint8)
+        self._blob.share_memory_()  # type: ignore[no-untyped-call]
+        self._stats: torch.Tensor = torch.zeros((_SLOTS, _NSTATS), dtype=torch.int64)
+        self._stats.share_memory_()  # type: ignore[no-untyped-call]
         self._write_shared(self._fresh_state(epoch=0, seed=seed))
         self._init_process_local()
 
@@ -272,11 +282,11 @@ class VolumeDataset(IterableDataset[str]):
     # ------------------------------------------------------------------------------ private
 
     def _init_process_local(self) -> None:
-        self._local_state: dict[str, Any] | None = None
-        self._local_progress: _Progress | None = None
-        self._progress_source: Callable[[], dict[str, Any]] | None = None
-        self._cache: LocalCache | None = None
-        self._dist_snapshot: tuple[int, int] | None = getattr(self, "_dist_snapshot", None)
+        self._local_state = None
+        self._local_progress = None
+        self._progress_source = None
+        self._cache = None
+        self._dist_snapshot = getattr(self, "_dist_snapshot", None)
 
     def __getstate__(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -639,7 +649,9 @@ def _validated(state: dict[str, Any]) -> dict[str, Any]:
         if sk < 1 or len(sp) != sk or any(p < 0 for p in sp):
             raise ValueError(f"VolumeDataset state: bad history entry {seg}")
         history.append([sk, sp])
-    out = {key: int(state[key]) for key in ("version", "epoch", "seed", "num_files", "fingerprint")}
+    out: dict[str, Any] = {
+        key: int(state[key]) for key in ("version", "epoch", "seed", "num_files", "fingerprint")
+    }
     for key in ("rank", "world_size"):
         v = state.get(key)
         out[key] = None if v is None else int(v)

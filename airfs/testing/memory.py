@@ -7,7 +7,9 @@ tests can assert what reached the origin.
 
 from __future__ import annotations
 
+import builtins
 import collections
+import errno
 import itertools
 import threading
 import time
@@ -144,6 +146,7 @@ class MemoryOrigin:
             if if_match is not None and (cur.version if cur else "") != if_match:
                 raise Conflict(f"{path}: changed since it was opened")
             if mode is None:
+                # a file put over a file keeps its mode; over a symlink it is a new plain file
                 mode = cur.mode if cur is not None and cur.kind is Kind.FILE else 0o644
             o = self._new(Kind.FILE, data=bytes(data), mode=mode & 0o7777)
             if mtime_ns is not None:
@@ -168,13 +171,16 @@ class MemoryOrigin:
             self._objs[path] = o
             return self._entry(path, o)
 
-    def _children(self, path: str) -> list[str]:
-        prefix = f"{path}/"
-        return [p for p in self._objs if p.startswith(prefix)]
+    def _children(self, path: str) -> builtins.list[str]:
+        """Every path below ``path`` (for the root "": every path but the root itself)."""
+        prefix = f"{path}/" if path else ""
+        return [p for p in self._objs if p and p.startswith(prefix)]
 
     def rmdir(self, path: str) -> None:
         with self._lock:
             self.calls["rmdir"] += 1
+            if not path:
+                raise OriginError("cannot remove the root", errno.EBUSY)
             if self._get(path).kind is not Kind.DIR:
                 raise NotADir(f"{path}: not a directory")
             if self._children(path):
@@ -184,6 +190,8 @@ class MemoryOrigin:
     def rename(self, src: str, dst: str, replace: bool = True) -> None:
         with self._lock:
             self.calls["rename"] += 1
+            if not src or not dst:
+                raise OriginError("cannot rename the root", errno.EBUSY)
             s = self._get(src)
             self._parent_dir(dst)
             d = self._objs.get(dst)
@@ -195,7 +203,7 @@ class MemoryOrigin:
                 where=dst,
             )
             if s.kind is Kind.DIR and (dst + "/").startswith(src + "/"):
-                raise OriginError(f"{dst}: inside {src}", 22)
+                raise OriginError(f"{dst}: inside {src}", errno.EINVAL)
             moved = {src: s} | {p: self._objs[p] for p in self._children(src)}
             for p in moved:
                 del self._objs[p]
@@ -216,7 +224,7 @@ class MemoryOrigin:
         with self._lock:
             o = self._get(path)
             if o.kind is not Kind.SYMLINK:
-                raise OriginError(f"{path}: not a symlink", 22)
+                raise OriginError(f"{path}: not a symlink", errno.EINVAL)
             return o.target
 
     def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:

@@ -143,7 +143,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             r.close()
             st = rp.statistics()
             out["cold_stats"] = {
-                k: st[k]
+                k: st.to_dict()[k]
                 for k in (
                     "origin_requests", "origin_bytes_read", "prefetch_window_max",
                     "prefetch_bytes", "prefetch_waits", "inflight_peak_bytes", "miss_bytes",
@@ -160,7 +160,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         r = rp.open(obj)
         out["cached_after_restart_mib_s"] = round(await sequential(r, size, req, args.depth), 1)
         r.close()
-        assert rp.statistics()["origin_requests"] == 0
+        assert rp.statistics().origin_requests == 0
 
     shutil.rmtree(cache, ignore_errors=True)
     async with CachedReadPath.running(origin, cache, **opts) as rp:
@@ -196,7 +196,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             dt = time.perf_counter() - t
             out["small_150k_warm_files_s"] = round(len(refs) / dt)
             await rp.flush()
-            out["small_index_flushes"] = rp.statistics()["index_flushes"]
+            out["small_index_flushes"] = rp.statistics().index_flushes
 
             async def read_one(o: ObjectRef) -> None:
                 async with lim:

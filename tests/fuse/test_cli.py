@@ -15,7 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from airfs.testing.mountfix import Mounted, fuse_available, is_mounted, mount, teardown
+from airfs.testing.mountfix import (
+    Mounted,
+    fuse_available,
+    fusermount_unmount,
+    is_mounted,
+    mount,
+    mounted,
+    teardown,
+)
 
 pytestmark = [
     pytest.mark.mount,
@@ -51,7 +59,7 @@ def dirs(tmp_path: Path) -> Iterator[tuple[Path, Path, Path]]:
     mnt.mkdir()
     yield origin, mnt, cache
     if is_mounted(mnt):
-        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+        fusermount_unmount(mnt)
     for pid in daemons_for(mnt):
         os.kill(pid, signal.SIGKILL)
 
@@ -86,6 +94,52 @@ def test_bad_input_fails_cleanly(dirs: tuple[Path, Path, Path], tmp_path: Path) 
     assert not is_mounted(mnt)
 
 
+def test_damaged_block_index_is_reported_and_rebuilt(dirs: tuple[Path, Path, Path]) -> None:
+    """A truncated index (LMDB would die of SIGBUS on it) and a garbled one are each refused
+    with one line that names the way out; ``--rebuild-cache`` moves the index aside and the
+    mount serves the right bytes again."""
+    origin, mnt, cache = dirs
+    data = os.urandom(300_000)
+    (origin / "f.bin").write_bytes(data)
+    with mounted(str(origin), mnt, cache) as m:
+        assert (mnt / "f.bin").read_bytes() == data
+        assert m.umount().returncode == 0
+    index = cache / "blocks" / "index"
+    good = (index / "data.mdb").read_bytes()
+    assert len(good) > 3 * 4096
+    damages = {
+        "truncated": good[: 2 * 4096],
+        "garbled": os.urandom(8192) + good[8192:],
+    }
+    for why, damaged in damages.items():
+        (index / "data.mdb").write_bytes(damaged)
+        p = run("mount", "--origin", str(origin), "--cache-dir", str(cache), str(mnt))
+        assert_clean_failure(p, mnt, f"cache index {index} is damaged")
+        assert "--rebuild-cache" in p.stderr and "Traceback" not in p.stderr, why
+        assert p.returncode == 1
+        with mounted(str(origin), mnt, cache, "--rebuild-cache") as m:
+            assert (mnt / "f.bin").read_bytes() == data
+            assert m.status()["cache"]["origin_bytes_read"] == len(data)  # refetched
+            assert m.umount().returncode == 0
+        assert (index / "data.mdb").exists()
+        good = (index / "data.mdb").read_bytes()
+    assert len(list((cache / "blocks").glob("index.damaged-*"))) == 2
+    # an intact index is left alone by --rebuild-cache: the data stays cached
+    with mounted(str(origin), mnt, cache, "--rebuild-cache") as m:
+        assert (mnt / "f.bin").read_bytes() == data
+        assert m.status()["cache"]["origin_bytes_read"] == 0
+        assert m.umount().returncode == 0
+    assert len(list((cache / "blocks").glob("index.damaged-*"))) == 2
+
+
+def test_warm_of_a_missing_path(dirs: tuple[Path, Path, Path]) -> None:
+    origin, mnt, cache = dirs
+    with mounted(str(origin), mnt, cache):
+        p = run("warm", str(mnt / "missing"))
+        assert p.returncode == 1
+        assert p.stderr.strip() == f"airfs: {mnt / 'missing'}: no such file or directory"
+
+
 def test_second_mount_on_same_mountpoint_is_refused(dirs: tuple[Path, Path, Path]) -> None:
     origin, mnt, cache = dirs
     m = mount(str(origin), mnt, cache)
@@ -102,6 +156,7 @@ def test_shared_cache_dir_is_refused(dirs: tuple[Path, Path, Path], tmp_path: Pa
     other = tmp_path / "mnt2"
     other.mkdir()
     m = mount(str(origin), mnt, cache)
+    m.expect_errors(r"is in use by another airfs mount")  # the refused daemon logs here too
     try:
         p = run("mount", "--origin", str(origin), "--cache-dir", str(cache), str(other))
         assert_clean_failure(p, other, "in use by another airfs mount")
@@ -133,19 +188,25 @@ def test_overlay_in_place_and_umount(tmp_path: Path) -> None:
 
 def test_status_reports_the_mount(dirs: tuple[Path, Path, Path]) -> None:
     origin, mnt, cache = dirs
+    t0 = time.monotonic()
     m = mount(str(origin), mnt, cache)
     try:
         (mnt / "f").write_bytes(b"x" * 1000)
         assert (mnt / "f").read_bytes() == b"x" * 1000
+        assert run("flush", str(mnt)).returncode == 0
         p = run("status", "--json", str(mnt))
         assert p.returncode == 0, p.stderr
         st = json.loads(p.stdout)
         assert st["origin"] == str(origin)
         assert st["cache_dir"] == str(cache)
         assert st["pid"] == m.pid
-        assert st["uptime_s"] >= 0
+        # the daemon started after t0 (uptime is rounded to 0.1 s)
+        assert 0 <= st["uptime_s"] <= time.monotonic() - t0 + 0.1
         assert st["fs"]["ops"]["create"] >= 1 and st["fs"]["ops"]["write"] >= 1
-        assert "pending_files" in st["writeback"]
+        wb = st["writeback"]
+        assert (wb["pending_files"], wb["pending_bytes"]) == (0, 0)  # flushed
+        assert (wb["committed_files"], wb["committed_bytes"]) == (1, 1000)
+        assert st["cache"]["kind"] == "cached" and st["cache"]["cache_dir"].startswith(str(cache))
         p = run("status", str(mnt / "f"))
         assert p.returncode == 0 and "origin" in p.stdout and str(origin) in p.stdout
         p = run("status", str(origin))

@@ -9,7 +9,6 @@ import contextlib
 import errno
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from airfs.testing.fixtures import Volume
-from airfs.testing.mountfix import _wait_gone, mount, teardown
+from airfs.testing.mountfix import mount, teardown
 
 pytestmark = pytest.mark.mount
 
@@ -156,8 +155,7 @@ def test_mount_after_kill9_clears_the_dead_mountpoint(volume: Volume) -> None:
     """Bug 14: after kill -9 the next ``airfs mount`` failed ("mountpoint does not exist")
     until ``umount --force``; the systemd unit would retry forever."""
     (volume.root / "x").write_bytes(b"x")
-    os.kill(volume.m.pid, signal.SIGKILL)
-    _wait_gone(volume.m.pid, 10)
+    volume.m.kill9(clear_mount=False)
     with pytest.raises(OSError) as info:
         os.stat(volume.root)
     assert info.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
@@ -200,6 +198,7 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
     (tmp_path / "mnt").mkdir()
     try:
         m = mount(str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "1M")
+        m.expect_errors(r"\[Errno 28\]")
         try:
             (m.mountpoint / "kept.bin").write_bytes(b"k" * 100_000)
             with pytest.raises(OSError) as info, open(m.mountpoint / "big.bin", "wb") as f:
@@ -244,6 +243,7 @@ def test_s3_refuses_names_it_cannot_keep_at_create(make_volume, origin_spec) -> 
 def test_cli_flush_exits_nonzero_when_a_write_lost(make_volume) -> None:  # type: ignore[no-untyped-def]
     """Bug 8: ``airfs flush`` exited 0 although a write had lost a conflict."""
     v: Volume = make_volume("--emulate-bandwidth", "20K")
+    v.m.expect_errors(r"commit lost a conflict|lost a conflict")
     (v.root / "shared.txt").write_bytes(b"v0")
     v.m.flush()
     with open(v.root / "shared.txt", "wb") as f:

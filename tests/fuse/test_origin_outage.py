@@ -57,6 +57,8 @@ def test_origin_outage_and_recovery(tmp_path: Path) -> None:
             "0.3",
             env=srv.env,
         )
+        # what the outage provokes: uncached reads and commits fail (and are retried)
+        m.expect_errors(r"cannot reach the S3 endpoint")
         try:
             root = m.mountpoint
             (root / "data").mkdir()

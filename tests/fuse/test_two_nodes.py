@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from airfs.testing.mountfix import Mounted, fuse_available, mount, teardown
+from airfs.testing.mountfix import Mounted, fuse_available, mount, teardown_all
 from airfs.testing.seaweed import SeaweedServer
 
 pytestmark = pytest.mark.mount
@@ -39,8 +39,7 @@ def _mount_two(tmp_path: Path, spec: str, args: list[str], env: dict[str, str]) 
             made.append(mount(spec, mnt, cache, "--ttl", str(TTL), *args, env=env))
         yield Nodes(made[0], made[1], "s3" if spec.startswith("s3://") else "posix")
     finally:
-        for m in made:
-            teardown(m)
+        teardown_all(made)
 
 
 @pytest.fixture(params=[pytest.param("s3", marks=pytest.mark.s3), "posix"])
@@ -152,6 +151,8 @@ def _conflict_files(m: Mounted) -> list[Path]:
 
 def test_concurrent_overwrites_lose_nothing(nodes: Nodes) -> None:
     a, b = nodes.a, nodes.b
+    for m in (a, b):  # the losing commit is set aside as a conflict, and says so
+        m.expect_errors(r"changed at the origin since it was opened")
     base = b"base" * 1000
     write_fsync(a.mountpoint / "c.txt", base)
     wait_until(lambda: (b.mountpoint / "c.txt").read_bytes() == base, TTL + 2.0)

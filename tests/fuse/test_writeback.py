@@ -107,6 +107,7 @@ def test_staging_full_gives_enospc_and_keeps_what_fit(make_volume) -> None:  # t
         "--write-wait",
         "1",
     )
+    v.m.expect_errors(r"write: \[Errno 28\] staging area full")
     with pytest.raises(OSError) as info, open(v.root / "huge.bin", "wb") as f:
         for _ in range(64):
             f.write(b"h" * (256 << 10))

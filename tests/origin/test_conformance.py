@@ -50,16 +50,16 @@ def test_root_is_an_empty_directory(origin: Origin) -> None:
     assert list(origin.list("")) == []
 
 
-def test_root_cannot_be_removed_or_renamed(
-    case: Case, origin: Origin, request: pytest.FixtureRequest
-) -> None:
-    if case.name == "memory":  # reported bug: MemoryOrigin.rmdir("")/rename("", x) drop the root
-        request.applymarker(pytest.mark.xfail(strict=True, reason="MemoryOrigin root bug"))
+def test_root_cannot_be_removed_or_renamed(origin: Origin) -> None:
+    with pytest.raises(OriginError):
+        origin.rmdir("")  # even when empty
     origin.mkdir("d")
     with pytest.raises(OriginError):
         origin.rmdir("")
     with pytest.raises(OriginError):
         origin.rename("", "elsewhere")
+    with pytest.raises(OriginError):
+        origin.rename("d", "")
     with pytest.raises(IsADir):
         origin.delete("")
     with pytest.raises(Exists):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import glob
+import json
 import os
 import random
 import threading
@@ -14,7 +16,8 @@ from typing import Any
 import pytest
 import trio
 
-from airfs.cache import CachedReadPath, CacheInUse
+from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
+from airfs.cache.index import check_lmdb_file
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict
 from airfs.origin.latency import LatencyOrigin
@@ -130,8 +133,8 @@ async def test_cache_hits_after_restart(tmp_path: Path) -> None:
     async with cached(mo, tmp_path) as rp:  # "restart": a new read path on the same dir
         assert await read_all(rp, obj, step=100 * KiB) == data
         st = rp.statistics()
-        assert st["hit_bytes"] == obj.size and st["miss_bytes"] == 0
-        assert st["origin_requests"] == 0
+        assert st.hit_bytes == obj.size and st.miss_bytes == 0
+        assert st.origin_requests == 0
     assert (mo.calls["read_range"], mo.bytes_read) == (reads, nbytes)
 
 
@@ -213,11 +216,11 @@ async def test_corrupt_block_is_refetched_not_served(tmp_path: Path) -> None:
     async with cached(mo, tmp_path) as rp:
         r = rp.open(obj)
         assert await r.read(victim - 10, 100) == data[victim - 10 : victim + 90]
-        assert rp.statistics()["corrupt_blocks"] == 1
+        assert rp.statistics().corrupt_blocks == 1
         assert mo.bytes_read - before == 64 * KiB  # just that block, from the origin
         assert await r.read(0, obj.size) == data
         r.close()
-        assert rp.statistics()["corrupt_blocks"] == 1
+        assert rp.statistics().corrupt_blocks == 1
     assert mo.bytes_read - before == 64 * KiB
     with open(path, "rb") as f:  # the refetch repaired the cache file
         f.seek(victim)
@@ -235,7 +238,7 @@ async def test_missing_cache_file_is_refetched(tmp_path: Path) -> None:
         os.unlink(p)
     async with cached(mo, tmp_path) as rp:
         assert await read_all(rp, obj) == data
-        assert rp.statistics()["corrupt_blocks"] == 0
+        assert rp.statistics().corrupt_blocks == 0
     assert mo.bytes_read == 2 * obj.size
 
 
@@ -251,9 +254,9 @@ async def test_eviction_keeps_within_limit_lru(tmp_path: Path) -> None:
     async with cached(mo, tmp_path, cache_size=limit) as rp:
         for name, data in files.items():
             assert await read_all(rp, ref(mo, name)) == data
-            assert rp.statistics()["cache_bytes_used"] <= limit
+            assert rp.statistics().cache_bytes_used <= limit
         st = rp.statistics()
-        assert st["evictions"] >= 4 and st["evicted_bytes"] >= 4 * 256 * KiB
+        assert st.evictions >= 4 and st.evicted_bytes >= 4 * 256 * KiB
         # the most recent file is cached; the oldest is not
         before = mo.bytes_read
         assert await read_all(rp, ref(mo, "f7")) == files["f7"]
@@ -266,7 +269,7 @@ async def test_eviction_keeps_within_limit_lru(tmp_path: Path) -> None:
         assert on_disk <= limit
     # after a restart the limit still holds (and is enforced at start with a smaller one)
     async with cached(mo, tmp_path, cache_size=300 * KiB) as rp:
-        assert rp.statistics()["cache_bytes_used"] <= 300 * KiB
+        assert rp.statistics().cache_bytes_used <= 300 * KiB
 
 
 async def test_open_reader_blocks_are_not_evicted(tmp_path: Path) -> None:
@@ -282,7 +285,7 @@ async def test_open_reader_blocks_are_not_evicted(tmp_path: Path) -> None:
         # more forces evictions — of everything but the open reader's file
         for name in list(files)[1:]:
             assert await read_all(rp, ref(mo, name)) == files[name]
-        assert rp.statistics()["evictions"] >= 3
+        assert rp.statistics().evictions >= 3
         before = mo.bytes_read
         assert await reader.read(0, a.size) == files["f0"]
         assert mo.bytes_read == before
@@ -304,11 +307,11 @@ async def test_stream_larger_than_cache(tmp_path: Path) -> None:
         out = []
         for off in range(0, obj.size, 64 * KiB):
             out.append(await r.read(off, 64 * KiB))
-            assert rp.statistics()["cache_bytes_used"] <= 1 * MiB
+            assert rp.statistics().cache_bytes_used <= 1 * MiB
         r.close()
         assert b"".join(out) == data
         st = rp.statistics()
-        assert st["evictions"] > 0
+        assert st.evictions > 0
         assert mo.bytes_read <= obj.size + 512 * KiB  # hardly anything fetched twice
 
 
@@ -329,7 +332,7 @@ async def test_sequential_read_issues_growing_parallel_fetches(tmp_path: Path) -
         for off in range(0, obj.size, 128 * KiB):
             assert await r.read(off, 128 * KiB) == data[off : off + 128 * KiB]
         st = rp.statistics()
-        assert st["prefetch_window_current"] == 4 * MiB == st["prefetch_window_max"]
+        assert st.prefetch_window_current == 4 * MiB == st.prefetch_window_max
         r.close()
     sizes = [size for _, _, size in rec.ranges]
     assert sizes[0] == 128 * KiB  # the first fetch is small: one block
@@ -337,8 +340,8 @@ async def test_sequential_read_issues_growing_parallel_fetches(tmp_path: Path) -
     assert sum(sizes) == obj.size  # nothing fetched twice
     assert len(sizes) < obj.size // (128 * KiB) // 3  # parts, not block by block
     assert rec.max_running >= 4  # parts of a window are fetched in parallel
-    assert st["prefetch_bytes"] >= obj.size - 1 * MiB
-    assert st["prefetch_hits"] > 100
+    assert st.prefetch_bytes >= obj.size - 1 * MiB
+    assert st.prefetch_hits > 100
     # the window grew: the bytes requested ahead per prefetch trigger increase
     offsets = sorted(off for _, off, _ in rec.ranges)
     assert offsets == sorted(set(offsets))
@@ -361,7 +364,7 @@ async def test_random_reads_fetch_only_needed_blocks(tmp_path: Path) -> None:
         b for off in offsets for b in range(off // (64 * KiB), (off + 4095) // (64 * KiB) + 1)
     }
     assert mo.bytes_read == len(blocks) * 64 * KiB
-    assert st["prefetch_bytes"] == 0
+    assert st.prefetch_bytes == 0
 
 
 async def test_two_readers_of_one_file_keep_their_own_streams(tmp_path: Path) -> None:
@@ -426,8 +429,8 @@ async def test_inflight_budget_bounds_prefetch(tmp_path: Path) -> None:
         assert await read_all(rp, obj, step=256 * KiB) == data
         st = rp.statistics()
     # prefetch never goes over the budget; demand fetches (one read's blocks) come on top
-    assert st["inflight_peak_bytes"] <= 512 * KiB + 256 * KiB
-    assert st["inflight_bytes"] == 0
+    assert st.inflight_peak_bytes <= 512 * KiB + 256 * KiB
+    assert st.inflight_bytes == 0
 
 
 async def test_far_jump_abandons_queued_prefetch(tmp_path: Path) -> None:
@@ -444,8 +447,8 @@ async def test_far_jump_abandons_queued_prefetch(tmp_path: Path) -> None:
         assert await r.read(30 * MiB, 100) == data[30 * MiB : 30 * MiB + 100]  # far jump
         await trio.sleep(0.1)
         st = rp.statistics()
-        assert st["prefetch_resets"] == 1
-        assert st["prefetch_abandoned"] > 0
+        assert st.prefetch_resets == 1
+        assert st.prefetch_abandoned > 0
         r.close()
     assert mo.bytes_read < 4 * MiB
 
@@ -467,7 +470,7 @@ async def test_warm_fills_cache(tmp_path: Path) -> None:
         assert await read_all(rp, obj) == data
         assert mo.bytes_read == before
         st = rp.statistics()
-        assert st["cache_bytes_used"] == obj.size and st["warm_bytes"] == obj.size
+        assert st.cache_bytes_used == obj.size and st.warm_bytes == obj.size
 
 
 async def test_warm_many_small_files_batches_index_writes(tmp_path: Path) -> None:
@@ -490,7 +493,7 @@ async def test_warm_many_small_files_batches_index_writes(tmp_path: Path) -> Non
         assert fetched == [150 * KiB] * 200
         assert len(rec.ranges) == 200  # one range read per small file
         await rp.flush()
-        assert rp.statistics()["index_flushes"] <= 3  # batched, not one per file
+        assert rp.statistics().index_flushes <= 3  # batched, not one per file
     async with cached(rec, tmp_path / "cache", block_size=1 * MiB, checksum_chunk=128 * KiB) as rp:
         for o in objs[:20]:
             assert await read_all(rp, o) == files[o.path]
@@ -509,7 +512,7 @@ async def test_adopt_local_file(tmp_path: Path) -> None:
         assert await rp.adopt(obj, str(local))
         local.unlink()  # the caller may drop its file at once
         assert await read_all(rp, obj) == data
-        assert rp.statistics()["adopted_bytes"] == obj.size
+        assert rp.statistics().adopted_bytes == obj.size
         assert await rp.warm(obj) == 0
         wrong = tmp_path / "wrong"
         wrong.write_bytes(b"short")
@@ -531,28 +534,37 @@ async def test_adopt_refused_when_cache_too_small(tmp_path: Path) -> None:
     local.write_bytes(data)
     async with cached(mo, tmp_path / "cache", cache_size=1 * MiB) as rp:
         assert not await rp.adopt(obj, str(local))
-        assert rp.statistics()["cache_bytes_used"] == 0
+        assert rp.statistics().cache_bytes_used == 0
         assert await read_all(rp, obj) == data  # still readable, fetched and streamed
 
 
 # -- lifecycle -----------------------------------------------------------------------------
 
 
-async def test_statistics_keys_and_closed_use(tmp_path: Path) -> None:
+async def test_statistics_record_and_closed_use(tmp_path: Path) -> None:
+    """statistics() is a frozen record whose numbers follow what happened; to_dict() is what
+    ``airfs status`` prints (JSON-ready, kind first)."""
     mo = MemoryOrigin()
     mo.put_bytes("f", b"abc")
     obj = ref(mo, "f")
-    async with cached(mo, tmp_path) as rp:
+    async with cached(mo, tmp_path, cache_size=1 * MiB) as rp:
+        empty = rp.statistics()
+        assert await read_all(rp, obj) == b"abc"
         assert await read_all(rp, obj) == b"abc"
         st = rp.statistics()
-        for key in (
-            "cache_bytes_used", "cache_bytes_limit", "hit_bytes", "miss_bytes",
-            "origin_bytes_read", "origin_requests", "evictions", "corrupt_blocks",
-            "prefetch_window_current", "prefetch_window_max", "prefetch_bytes",
-            "prefetch_hits", "inflight_bytes",
-        ):  # fmt: skip
-            assert isinstance(st[key], int), key
-        assert st["origin_bytes_read"] == 3 and st["origin_requests"] == 1
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            st.reads = 0  # type: ignore[misc]
+        assert (empty.reads, empty.cache_bytes_used, empty.cache_objects) == (0, 0, 0)
+        assert st.reads == 2 and st.origin_requests == 1 and st.origin_bytes_read == 3
+        assert st.miss_bytes == 3 and st.hit_bytes == 3  # first read fetched, second hit
+        assert st.cache_bytes_used == 3 and st.cache_objects == 1
+        assert st.cache_bytes_limit == 1 * MiB and st.block_size == SMALL["block_size"]
+        assert st.readers_open == 0 and st.inflight_bytes == 0
+        d = st.to_dict()
+        assert next(iter(d)) == "kind" and d["kind"] == "cached"
+        assert set(d) == {f.name for f in dataclasses.fields(st)}
+        assert json.loads(json.dumps(d)) == d
+        assert d["hit_bytes"] == 3 and d["cache_dir"] == str(tmp_path)
     with pytest.raises(RuntimeError):
         rp.open(obj)
 
@@ -578,3 +590,31 @@ async def test_create_in_caller_nursery(tmp_path: Path) -> None:
     async with cached(mo, tmp_path) as rp:
         assert await read_all(rp, obj) == b"x" * 1000
     assert mo.calls["read_range"] == 1
+
+
+async def test_damaged_index_is_refused_with_its_path_and_set_aside(tmp_path: Path) -> None:
+    mo = MemoryOrigin()
+    mo.put_bytes("f", blob(200 * KiB))
+    async with cached(mo, tmp_path) as rp:
+        await read_all(rp, ref(mo, "f"))
+    data_mdb = tmp_path / "index" / "data.mdb"
+    good = data_mdb.read_bytes()
+    assert check_lmdb_file(str(data_mdb)) is None
+    # truncated below the pages its meta names: LMDB would SIGBUS on it, so it is never opened
+    data_mdb.write_bytes(good[: 2 * 4096])
+    assert "truncated" in (check_lmdb_file(str(data_mdb)) or "")
+    with pytest.raises(CacheDamaged, match="truncated") as info:
+        async with cached(mo, tmp_path):
+            pass
+    assert info.value.path == str(tmp_path / "index")
+    data_mdb.write_bytes(b"\0" * 100 + good[100:])
+    with pytest.raises(CacheDamaged, match="not an LMDB file"):
+        async with cached(mo, tmp_path):
+            pass
+    # the lock was released on the way out: set the index aside and start empty
+    moved = set_aside(str(tmp_path / "index"))
+    assert moved is not None and os.path.basename(moved).startswith("index.damaged-")
+    assert set_aside(str(tmp_path / "index")) is None
+    async with cached(mo, tmp_path) as rp:
+        assert await read_all(rp, ref(mo, "f")) == blob(200 * KiB)
+        assert rp.statistics().origin_bytes_read == 200 * KiB

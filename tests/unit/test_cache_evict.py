@@ -100,15 +100,15 @@ async def test_min_free_floor_limits_the_cache(tmp_path: Path) -> None:
         block_size=64 * KiB, checksum_chunk=16 * KiB,
     ) as rp:  # fmt: skip
         # pretend the disk has 1.5 MiB free when the cache is empty
-        disk = FakeVfs(lambda: 1536 * KiB - rp._used)
-        rp._space = SpaceLimit(rp.cache_dir, 100 * MiB, 1 * MiB, statvfs=disk, interval=0)
+        disk = FakeVfs(lambda: 1536 * KiB - rp._table.used)
+        rp._table.space = SpaceLimit(rp.cache_dir, 100 * MiB, 1 * MiB, statvfs=disk, interval=0)
         for name, data in files.items():
             e = mo.stat(name)
             r = rp.open(ObjectRef(name, e.version, e.size))
             assert await r.read(0, e.size) == data
             r.close()
-            assert rp.statistics()["cache_bytes_used"] <= 512 * KiB
-        assert rp.statistics()["evictions"] >= 4
+            assert rp.statistics().cache_bytes_used <= 512 * KiB
+        assert rp.statistics().evictions >= 4
 
 
 async def test_many_readers_under_constant_eviction(tmp_path: Path) -> None:
@@ -131,7 +131,7 @@ async def test_many_readers_under_constant_eviction(tmp_path: Path) -> None:
             r = rp.open(refs[name])
             for off in range(0, refs[name].size, step):
                 assert await r.read(off, step) == files[name][off : off + step]
-                over.append(rp.statistics()["cache_bytes_used"] - limit)
+                over.append(rp.statistics().cache_bytes_used - limit)
             r.close()
 
         async def randomly(seed: int) -> None:
@@ -157,7 +157,7 @@ async def test_many_readers_under_constant_eviction(tmp_path: Path) -> None:
                 n.start_soon(randomly, seed)
             n.start_soon(warmer)
         st = rp.statistics()
-        assert st["corrupt_blocks"] == 0
-        assert st["evictions"] > 10
+        assert st.corrupt_blocks == 0
+        assert st.evictions > 10
         assert max(over) <= 0
-        assert st["inflight_bytes"] == 0 and st["readers_open"] == 0
+        assert st.inflight_bytes == 0 and st.readers_open == 0

@@ -1,0 +1,491 @@
+"""The cached read path: persistent block cache + per-reader sequential prefetcher.
+
+:class:`CachedReadPath` implements :class:`airfs.readpath.ReadPath`; its readers implement
+:class:`airfs.readpath.Reader`.
+
+Creating and closing (inside a trio run)::
+
+    async with trio.open_nursery() as nursery:
+        rp = await CachedReadPath.create(nursery, AsyncOrigin(origin), "/nvme/airfs",
+                                         cache_size=100 << 30, min_free=10 << 30)
+        ...
+        await rp.aclose()          # persists the index, closes files; background tasks end
+
+or ``async with CachedReadPath.running(origin, cache_dir, ...) as rp:`` which owns its nursery.
+``create`` opens (and, for a new directory, creates) the cache: it takes the directory's lock
+(:class:`~airfs.cache.index.CacheInUse` if another daemon holds it), loads the object table
+from the index in a worker thread and starts one task in ``nursery`` that owns all background
+work (fetches, index flushes, file deletions). ``aclose`` stops it, waits for fetches already
+talking to the origin, writes the index and releases the lock. Cancelling ``nursery`` does the
+same cleanup.
+
+How a read is served
+--------------------
+
+An object version (path, version tag) is cached in blocks of ``block_size`` bytes in one sparse
+file (:mod:`airfs.cache.store`); which blocks are present, with a CRC-32 per ``checksum_chunk``,
+is kept in memory (:mod:`airfs.cache.objects`) and mirrored to LMDB in batches
+(:mod:`airfs.cache.persist`). A read whose blocks are all present is answered on the trio loop
+with one ``preadv(RWF_NOWAIT)`` of the chunks it touches, a checksum check and one copy into
+the reply — no thread hop, and never a wait on the disk: if the pages are not in the page
+cache, the read moves to a worker thread. A chunk whose checksum does not match marks its block
+absent (``corrupt_blocks``) and the read fetches it again; wrong bytes are never returned.
+
+Missing blocks are fetched from the origin as *parts* (:mod:`airfs.cache.fetch`): each block
+is fetched by at most one part at a time, and a read that needs a block already being fetched
+waits for that part and is served from its memory. The per-reader
+:class:`~airfs.prefetch.Stream` decides what to fetch ahead; see :mod:`airfs.prefetch` for how
+the window grows, resets and applies backpressure.
+
+Space: see :mod:`airfs.cache.evict`. Data that cannot be cached (cache full of data in use) is
+still served, just not kept (``uncached_bytes``).
+
+The parts, each the single owner of its state: :class:`~airfs.cache.objects.ObjectTable`
+(objects, space, dirty marks), :class:`~airfs.cache.files.CacheFiles` (descriptors, deletions,
+punches), :class:`~airfs.cache.persist.IndexKeeper` (the LMDB index),
+:class:`~airfs.cache.fetch.Fetcher` (parts), :class:`~airfs.cache.stats.Counters`; this
+module holds the life cycle and the read itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import trio
+
+from ..origin.aio import AsyncOrigin
+from ..origin.base import OriginError
+from ..prefetch import Stream
+from ..readpath import ObjectRef
+from .evict import SpaceLimit
+from .fetch import Fetcher, Kind, Part
+from .hits import HitReader
+from .objects import ObjectTable
+from .persist import IndexKeeper
+from .stats import CacheStatistics, Counters
+from .store import CachedObject
+
+__all__ = ["CachedReadPath", "CachedReader"]
+
+_MAX_ATTEMPTS = 5
+
+
+class CachedReader:
+    """One open file handle's read stream (implements :class:`airfs.readpath.Reader`)."""
+
+    __slots__ = ("_rp", "closed", "obj", "ref", "stream")
+
+    def __init__(
+        self, rp: CachedReadPath, obj: CachedObject, ref: ObjectRef, stream: Stream
+    ) -> None:
+        self._rp = rp
+        self.obj = obj
+        self.ref = ref
+        self.stream = stream
+        self.closed = False
+
+    async def read(self, offset: int, size: int) -> bytes:
+        """Up to ``size`` bytes at ``offset`` of the reader's object version; short only at the
+        end. Raises :class:`~airfs.origin.base.Conflict` when bytes not cached are no longer
+        at the origin in this version, other :class:`~airfs.origin.base.OriginError` s when the
+        origin fails."""
+        if self.closed:
+            raise ValueError("read from a closed reader")
+        if offset < 0 or size < 0:
+            raise ValueError("negative offset or size")
+        obj = self.obj
+        end = min(obj.size, offset + size)
+        if end <= offset:
+            return b""
+        rp = self._rp
+        rp._check_running()
+        if obj.have is None:
+            await rp._keeper.ensure_loaded(obj)
+        span = self.stream.on_read(offset, end - offset, obj.size)
+        return await rp._read(obj, offset, end, self, span)
+
+    def active_range(self) -> tuple[int, int]:
+        """Bytes the reader is using now; never evicted (see :mod:`airfs.cache.evict`)."""
+        return self.stream.active_range()
+
+    def close(self) -> None:
+        """Drop the stream. Prefetched data stays cached; parts not started are abandoned."""
+        if self.closed:
+            return
+        self.closed = True
+        self._rp._reader_closed(self)
+
+
+class CachedReadPath:
+    """Block cache + prefetcher in front of an :class:`~airfs.origin.aio.AsyncOrigin`.
+
+    Construct with :meth:`create` (or :meth:`running`), not directly. Options:
+
+    ``cache_size``
+        most bytes of cached data kept under ``cache_dir``;
+    ``min_free``
+        free space to leave on the cache's file system (the cache shrinks below
+        ``cache_size`` to keep it);
+    ``block_size``
+        the cache and fetch unit (default 1 MiB); ``checksum_chunk`` (a divisor of it, default
+        128 KiB) is the checksum unit, so a read verifies only the chunks it touches;
+    ``initial_window`` / ``max_window``
+        first and largest prefetch request of a sequential stream (1 MiB, 128 MiB);
+    ``seek_tolerance``
+        how far a sequential reader may jump back or forward and keep its stream (4 MiB);
+    ``part_size``
+        bytes per origin range read when prefetching or warming (8 MiB);
+    ``inflight_budget``
+        bytes of all fetches in flight together (512 MiB): bounds memory;
+    ``max_parallel``
+        prefetch/warm range reads in flight together (32; demand reads come on top, within
+        the origin's own limiter);
+    ``flush_interval``
+        seconds between batched index writes (0.5).
+    """
+
+    def __init__(
+        self,
+        origin: AsyncOrigin,
+        cache_dir: str,
+        *,
+        cache_size: int,
+        min_free: int = 0,
+        block_size: int = 1 << 20,
+        checksum_chunk: int = 128 << 10,
+        initial_window: int = 1 << 20,
+        max_window: int = 128 << 20,
+        seek_tolerance: int = 4 << 20,
+        part_size: int = 8 << 20,
+        inflight_budget: int = 512 << 20,
+        max_parallel: int = 32,
+        flush_interval: float = 0.5,
+    ) -> None:
+        if block_size <= 0 or checksum_chunk <= 0 or block_size % checksum_chunk:
+            raise ValueError("block_size must be a positive multiple of checksum_chunk")
+        if cache_size < 0 or min_free < 0:
+            raise ValueError("cache_size and min_free must be >= 0")
+        self.cache_dir = os.path.abspath(cache_dir)
+        self._bs = block_size
+        self._cs = checksum_chunk
+        self._initial_window = min(initial_window, max_window)
+        self._max_window = max_window
+        self._seek_tolerance = seek_tolerance
+        io_limiter = trio.CapacityLimiter(16)
+        self.stats = Counters()
+        self._table = ObjectTable(
+            os.path.join(self.cache_dir, "data"),
+            block_size=block_size,
+            chunk_size=checksum_chunk,
+            space=SpaceLimit(self.cache_dir, cache_size, min_free),
+            stats=self.stats,
+            io_limiter=io_limiter,
+        )
+        self._files = self._table.files
+        self._keeper = IndexKeeper(
+            self.cache_dir, self._table, self.stats, io_limiter, flush_interval=flush_interval
+        )
+        self._fetcher = Fetcher(
+            origin,
+            self._table,
+            self.stats,
+            io_limiter,
+            part_size=part_size,
+            inflight_budget=inflight_budget,
+            max_parallel=max_parallel,
+        )
+        self._budget = self._fetcher.budget
+        self._readers: set[CachedReader] = set()
+        self._hits = HitReader(self._table, self.stats)
+        self._stop = trio.Event()
+        self._run_done: trio.Event | None = None
+        self._running = False
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls, nursery: trio.Nursery, origin: AsyncOrigin, cache_dir: str, **options: Any
+    ) -> CachedReadPath:
+        """Open the cache at ``cache_dir`` and start its background task in ``nursery``.
+        ``options`` are the constructor's keyword arguments. Call :meth:`aclose` when done."""
+        self = cls(origin, cache_dir, **options)
+        await trio.to_thread.run_sync(self._keeper.open)
+        await nursery.start(self._run)
+        return self
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def running(
+        cls, origin: AsyncOrigin, cache_dir: str, **options: Any
+    ) -> AsyncIterator[CachedReadPath]:
+        """``async with CachedReadPath.running(...) as rp``: :meth:`create` in a nursery of its
+        own, :meth:`aclose` on exit."""
+        rp = cls(origin, cache_dir, **options)
+        await trio.to_thread.run_sync(rp._keeper.open)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(rp._run)
+                try:
+                    yield rp
+                finally:
+                    await rp.aclose()
+        except BaseExceptionGroup as group:
+            # the nursery is an implementation detail: let the body's own error through as is
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        self._run_done = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._fetcher.run)
+                self._running = True
+                self._table.evict_to_fit(0)
+                nursery.start_soon(self._keeper.run_flusher)
+                nursery.start_soon(self._files.run)
+                nursery.start_soon(self._keeper.remove_orphans)
+                task_status.started()
+                await self._stop.wait()
+                nursery.cancel_scope.cancel()
+        finally:
+            self._running = False
+            with trio.CancelScope(shield=True):
+                await self._shutdown()
+            self._run_done.set()
+
+    async def aclose(self) -> None:
+        """Stop background work, persist the index, close the cache. Readers stop working.
+
+        Fetches already talking to the origin are waited for (their threads cannot be
+        interrupted); queued ones are dropped."""
+        if self._run_done is None:
+            return
+        self._stop.set()
+        with trio.CancelScope(shield=True):
+            await self._run_done.wait()
+
+    async def _shutdown(self) -> None:
+        await self._files.drain()
+        await self._keeper.close()  # the final flush, then the index
+        for obj in self._table.objects.values():
+            if not obj.io:
+                self._files.close(obj)
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise RuntimeError("the cached read path is not running (closed or not created)")
+
+    # -- ReadPath --------------------------------------------------------------------------
+
+    def open(self, obj: ObjectRef) -> CachedReader:
+        """A reader of one object version, with its own prefetch stream. Cheap, no I/O."""
+        self._check_running()
+        cobj = self._table.object_for(obj)
+        reader = CachedReader(
+            self,
+            cobj,
+            obj,
+            Stream(
+                initial_window=self._initial_window,
+                max_window=self._max_window,
+                seek_tolerance=self._seek_tolerance,
+            ),
+        )
+        cobj.readers.add(reader)
+        self._readers.add(reader)
+        self._table.touch(cobj)
+        self._table.demote_other_versions(cobj)
+        return reader
+
+    async def warm(self, obj: ObjectRef) -> int:
+        """Fetch every block of ``obj`` not cached yet, with parallel range reads of up to
+        ``part_size`` (waiting for fetches other readers already have in flight). Returns the
+        bytes this call read from the origin: 0 when everything was cached.
+
+        Raises the origin's error (e.g. :class:`Conflict` if the version is gone). When the
+        cache cannot hold the object the data is fetched but not kept (``uncached_bytes``)."""
+        self._check_running()
+        cobj = self._table.object_for(obj)
+        if cobj.size == 0:
+            return 0
+        cobj.pins += 1
+        try:
+            await self._keeper.ensure_loaded(cobj)
+            self._table.touch(cobj)
+            return await self._fetcher.warm(cobj)
+        finally:
+            cobj.pins -= 1
+            self._table.maybe_release(cobj)
+
+    async def adopt(self, obj: ObjectRef, local_file: str) -> bool:
+        """Make the complete local file ``local_file`` the cached content of ``obj``.
+
+        Contract: ``local_file`` holds exactly the bytes of version ``obj.version`` (its size
+        must be ``obj.size``, else :class:`ValueError`). The data is *copied* — a reflink
+        where the file system supports it (btrfs, XFS), else ``copy_file_range`` — so the caller
+        keeps ownership of ``local_file`` and may change or delete it as soon as this returns.
+        Blocks already cached or being fetched are left alone. Returns False (and caches
+        nothing) when the cache cannot make room; the origin is never read.
+        """
+        self._check_running()
+        cobj = self._table.object_for(obj)
+        cobj.pins += 1
+        try:
+            await self._keeper.ensure_loaded(cobj)
+            size = (await trio.to_thread.run_sync(os.stat, local_file)).st_size
+            if size != obj.size:
+                raise ValueError(f"{local_file}: {size} bytes, but {obj.path} has {obj.size}")
+            return await self._fetcher.adopt(cobj, local_file, obj.size)
+        finally:
+            cobj.pins -= 1
+            self._table.maybe_release(cobj)
+
+    def statistics(self) -> CacheStatistics:
+        """A frozen snapshot for ``airfs status`` and metrics (fields: :class:`CacheStatistics`)."""
+        s = self.stats
+        t = self._table
+        streams = [r.stream for r in self._readers]
+        return CacheStatistics(
+            cache_dir=self.cache_dir,
+            cache_bytes_used=t.used,
+            cache_bytes_limit=t.space.cache_size,
+            cache_bytes_limit_now=t.space.limit(t.used),
+            min_free=t.space.min_free,
+            disk_free_bytes=t.space.free_bytes(),
+            cache_objects=len(t.objects),
+            block_size=self._bs,
+            checksum_chunk=self._cs,
+            reads=s.reads,
+            hit_bytes=s.hit_bytes,
+            miss_bytes=s.miss_bytes,
+            origin_bytes_read=s.origin_bytes_read,
+            origin_requests=s.origin_requests,
+            evictions=s.evictions,
+            evicted_bytes=s.evicted_bytes,
+            corrupt_blocks=s.corrupt_blocks,
+            uncached_bytes=s.uncached_bytes,
+            warm_bytes=s.warm_bytes,
+            adopted_bytes=s.adopted_bytes,
+            prefetch_window_current=max((st.window for st in streams if st.sequential), default=0),
+            prefetch_window_max=max(
+                [s.prefetch_window_max, *(st.max_window_seen for st in streams)]
+            ),
+            prefetch_bytes=s.prefetch_bytes,
+            prefetch_hits=s.prefetch_hits,
+            prefetch_waits=s.prefetch_waits,
+            prefetch_resets=s.prefetch_resets + sum(st.resets for st in streams),
+            prefetch_abandoned=s.prefetch_abandoned,
+            inflight_bytes=self._budget.used,
+            inflight_peak_bytes=self._budget.peak,
+            inflight_budget=self._budget.limit,
+            readers_open=len(self._readers),
+            index_pending=t.pending(),
+            index_flushes=s.index_flushes,
+        )
+
+    async def flush(self) -> None:
+        """Write everything changed to the index now (one transaction, in a thread)."""
+        await self._keeper.flush()
+
+    def _reader_closed(self, reader: CachedReader) -> None:
+        obj = reader.obj
+        obj.readers.discard(reader)
+        self._readers.discard(reader)
+        st = reader.stream
+        self.stats.prefetch_resets += st.resets
+        self.stats.prefetch_window_max = max(self.stats.prefetch_window_max, st.max_window_seen)
+        self._budget.poke()  # its queued prefetch parts give up
+        self._table.maybe_release(obj)
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _read(
+        self,
+        obj: CachedObject,
+        off: int,
+        end: int,
+        reader: CachedReader,
+        span: tuple[int, int] | None,
+    ) -> bytes:
+        self.stats.reads += 1
+        self._table.touch(obj)
+        bs = self._bs
+        b0, b1 = off // bs, (end - 1) // bs + 1
+        have = obj.have
+        assert have is not None
+        if span is None and have.find(0, b0, b1) < 0:
+            data = self._hits.inline(obj, off, end)
+            if data is None:
+                data = await self._hits.thread(obj, off, end)
+            if isinstance(data, bytes):
+                return data
+        for _ in range(_MAX_ATTEMPTS):
+            segments = self._plan(obj, off, end, b0, b1)
+            if span is not None:
+                self._fetcher.prefetch(reader, obj, span)
+                span = None
+            pieces: list[bytes | memoryview] = []
+            for s, e, part in segments:
+                if part is None:
+                    got = self._hits.inline(obj, s, e)
+                    if got is None:
+                        got = await self._hits.thread(obj, s, e)
+                    if got is False:
+                        break
+                    assert isinstance(got, bytes)
+                    pieces.append(got)
+                    continue
+                if not part.done.is_set():
+                    if part.kind is Kind.PREFETCH:
+                        self.stats.prefetch_waits += 1
+                    await part.done.wait()
+                if part.error is not None:
+                    raise part.error
+                if part.data is None:
+                    break  # stored, not kept in memory: read it from the cache file
+                pieces.append(memoryview(part.data)[s - part.start : e - part.start])
+                self.stats.miss_bytes += e - s
+            else:
+                if len(pieces) == 1 and isinstance(pieces[0], bytes):
+                    return pieces[0]
+                return b"".join(pieces)
+        raise OriginError(f"{obj.path}: cache read keeps failing", errno.EIO)
+
+    def _plan(
+        self, obj: CachedObject, off: int, end: int, b0: int, b1: int
+    ) -> list[tuple[int, int, Part | None]]:
+        """Cut ``[off, end)`` into runs cached on disk (part None) and runs coming from parts,
+        starting demand parts for blocks nobody fetches yet."""
+        have, inflight, bs = obj.have, obj.inflight, self._bs
+        part_blocks = self._fetcher.part_blocks
+        assert have is not None
+        out: list[tuple[int, int, Part | None]] = []
+        b = b0
+        while b < b1:
+            part: Part | None = None
+            if have[b]:
+                e = b + 1
+                while e < b1 and have[e]:
+                    e += 1
+                s_byte, e_byte = b * bs, e * bs
+            else:
+                part = inflight.get(b)
+                if part is None:
+                    e = b + 1
+                    while e < b1 and e - b < part_blocks and not have[e] and e not in inflight:
+                        e += 1
+                    part = self._fetcher.start_part(obj, b, e, Kind.DEMAND, None)
+                elif not part.started and not part.urgent:
+                    part.urgent = True
+                    self._budget.poke()
+                e = part.b1
+                s_byte, e_byte = part.start, part.end
+            out.append((max(off, s_byte), min(end, e_byte), part))
+            b = e
+        return out

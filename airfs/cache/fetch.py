@@ -1,0 +1,377 @@
+"""The fetch engine: parts fetched from the origin (or adopted from a local file) into the cache.
+
+A *part* is a run of blocks ``[b0, b1)`` of one object fetched once for everyone who needs it:
+while it is in flight every one of its blocks maps to it in ``obj.inflight`` (single flight),
+and readers wait on ``part.done`` and are served from ``part.data``. Kinds:
+
+``DEMAND``
+    a read waits for it: takes its bytes from the in-flight budget at once;
+``PREFETCH``
+    requested by a reader's stream ahead of its position: waits for budget and for one of
+    ``max_parallel`` slots, and is abandoned if its reader closes or jumps away before it
+    starts (unless a read comes to need it: then it is *urgent* and skips both queues);
+``WARM``
+    :meth:`Fetcher.warm`: the whole object, in parts of ``part_size``;
+``ADOPT``
+    :meth:`Fetcher.adopt`: copied from a local file, no origin read.
+
+Each part reads the origin in a worker thread (within the origin's limiter, retrying transient
+errors) which also checksums the bytes and writes them into the cache file; the blocks are then
+committed to the :class:`~airfs.cache.objects.ObjectTable`. When no room can be reserved the
+bytes are served but not kept (``uncached_bytes``). Every byte belongs to the part's object
+version: an origin that no longer has it raises :class:`~airfs.origin.base.Conflict`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import errno
+import logging
+import os
+from array import array
+from typing import TYPE_CHECKING
+
+import trio
+
+from ..origin.aio import AsyncOrigin
+from ..origin.base import Conflict, OriginError, retry
+from ..prefetch import ByteBudget, split_runs
+from .files import punches_done
+from .objects import ObjectTable
+from .stats import Counters
+from .store import (
+    PREFETCHED,
+    PRESENT,
+    CachedObject,
+    allocate,
+    checksums,
+    copy_into,
+    create_file,
+    write_all,
+)
+
+if TYPE_CHECKING:
+    from .blockcache import CachedReader
+
+__all__ = ["Fetcher", "Kind", "Part"]
+
+log = logging.getLogger(__name__)
+
+
+class Kind(enum.Enum):
+    DEMAND = "demand"  # a read is waiting for it
+    PREFETCH = "prefetch"  # requested by a reader's stream ahead of its position
+    WARM = "warm"  # warm(): fetch whole object
+    ADOPT = "adopt"  # adopt(): copied from a local file, no origin read
+
+
+class Part:
+    """A run of blocks ``[b0, b1)`` being fetched (or adopted) once for everyone who needs it.
+
+    ``done`` is set when it ended; then ``error`` is its failure (raised to the reads that
+    waited), or ``data`` its bytes (None: stored, not kept in memory; read the cache file)."""
+
+    __slots__ = (
+        "b0",
+        "b1",
+        "data",
+        "done",
+        "end",
+        "epoch",
+        "error",
+        "kind",
+        "needed",
+        "obj",
+        "reader",
+        "start",
+        "started",
+        "urgent",
+    )
+
+    def __init__(
+        self, obj: CachedObject, b0: int, b1: int, kind: Kind, reader: CachedReader | None
+    ) -> None:
+        self.obj = obj
+        self.b0, self.b1 = b0, b1
+        self.start = b0 * obj.block_size
+        self.end = min(b1 * obj.block_size, obj.size)
+        self.kind = kind
+        self.reader = reader
+        self.epoch = reader.stream.epoch if reader is not None else 0
+        self.urgent = False  # a read waits for it: skip the budget queue
+        self.needed = kind is not Kind.PREFETCH  # must not be abandoned
+        self.started = False
+        self.done = trio.Event()
+        self.data: bytes | None = None
+        self.error: BaseException | None = None
+
+    def abandoned(self) -> bool:
+        """A prefetch whose reader closed or moved elsewhere before it started."""
+        if self.needed or self.urgent:
+            return False
+        r = self.reader
+        return r is None or r.closed or r.stream.epoch != self.epoch
+
+
+class Fetcher:
+    """Starts and runs parts for one cache. :meth:`run` must be running (it owns the parts'
+    tasks) before :meth:`start_part` is called; cancelling it ends parts in flight with an
+    :class:`OriginError` (EIO) for their waiters."""
+
+    def __init__(
+        self,
+        origin: AsyncOrigin,
+        table: ObjectTable,
+        stats: Counters,
+        io_limiter: trio.CapacityLimiter,
+        *,
+        part_size: int,
+        inflight_budget: int,
+        max_parallel: int,
+    ) -> None:
+        self._origin = origin
+        self._table = table
+        self._files = table.files
+        self._stats = stats
+        self._io_limiter = io_limiter
+        self._cs = table.chunk_size
+        self.part_blocks = max(1, part_size // table.block_size)
+        self.budget = ByteBudget(inflight_budget)
+        self._parallel = trio.CapacityLimiter(max_parallel)
+        self._nursery: trio.Nursery | None = None
+
+    async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the parts' tasks until cancelled."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def start_part(
+        self, obj: CachedObject, b0: int, b1: int, kind: Kind, reader: CachedReader | None
+    ) -> Part:
+        """Claim blocks ``[b0, b1)`` (none may be in flight) and fetch them in the background."""
+        assert self._nursery is not None, "Fetcher.run is not running"
+        part = Part(obj, b0, b1, kind, reader)
+        for b in range(b0, b1):
+            obj.inflight[b] = part
+        self._nursery.start_soon(self._run_part, part)
+        return part
+
+    def prefetch(self, reader: CachedReader, obj: CachedObject, span: tuple[int, int]) -> None:
+        """Start prefetch parts for the blocks of byte range ``span`` not cached or in flight."""
+        have, inflight, bs = obj.have, obj.inflight, self._table.block_size
+        assert have is not None
+        b0, b1 = span[0] // bs, min(obj.nblocks, (span[1] - 1) // bs + 1)
+        for x, y in split_runs(b0, b1, self.part_blocks, lambda b: bool(have[b]) or b in inflight):
+            self.start_part(obj, x, y, Kind.PREFETCH, reader)
+
+    async def _run_part(self, part: Part) -> None:
+        obj = part.obj
+        n = part.end - part.start
+        s = self._stats
+        t = self._table
+        acquired = reserved = 0
+        try:
+            if part.kind is Kind.DEMAND:
+                self.budget.take(n)
+            elif not await self.budget.acquire(
+                n, give_up=part.abandoned, urgent=lambda: part.urgent
+            ):
+                s.prefetch_abandoned += 1
+                return
+            acquired = n
+            async with contextlib.AsyncExitStack() as stack:
+                if not part.urgent and part.kind is not Kind.DEMAND:
+                    await stack.enter_async_context(self._parallel)
+                if part.abandoned():
+                    s.prefetch_abandoned += 1
+                    return
+                part.started = True
+                await punches_done(obj)
+                fd, create = -1, ""
+                if t.reserve(obj, n):
+                    reserved = n
+                    if (
+                        part.b0 == 0
+                        and part.b1 == obj.nblocks
+                        and obj.fd < 0
+                        and not obj.file_created
+                        and obj.creating is None
+                    ):
+                        # the whole object in one part (small files): create the file in the
+                        # same worker-thread job as the fetch, saving a thread round trip
+                        create = self._files.path(obj)
+                        obj.creating = trio.Event()
+                    else:
+                        try:
+                            fd = await self._files.fd_for_write(obj)
+                        except OSError as exc:
+                            log.warning("cache: cannot create file for %s: %s", obj.path, exc)
+                obj.io += 1
+                new_fd = -1
+                try:
+                    data, crcs, new_fd = await trio.to_thread.run_sync(
+                        self._fetch_job,
+                        obj.path,
+                        obj.version,
+                        part.start,
+                        n,
+                        fd,
+                        create,
+                        obj.size,
+                        limiter=self._origin.limiter,
+                    )
+                finally:
+                    obj.io -= 1
+                    if create:
+                        if new_fd >= 0:
+                            obj.fd, obj.file_created = new_fd, True
+                        ev, obj.creating = obj.creating, None
+                        ev.set()
+            s.origin_requests += 1
+            s.origin_bytes_read += n
+            if part.kind is Kind.PREFETCH:
+                s.prefetch_bytes += n
+            if crcs is not None and not obj.dead:
+                mark = PREFETCHED if part.kind is Kind.PREFETCH else PRESENT
+                t.commit(obj, part.b0, part.b1, crcs, mark)
+                reserved = 0
+            else:
+                s.uncached_bytes += n
+            if part.kind is not Kind.WARM or crcs is None:
+                part.data = data
+        except trio.Cancelled:
+            part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
+            raise
+        except Exception as exc:
+            part.error = exc
+            if part.kind is not Kind.DEMAND:
+                log.debug("%s fetch of %s failed: %s", part.kind.value, obj.path, exc)
+        finally:
+            if reserved:
+                t.used -= reserved
+            if acquired:
+                self.budget.release(acquired)
+            inflight = obj.inflight
+            for b in range(part.b0, part.b1):
+                if inflight.get(b) is part:
+                    del inflight[b]
+            part.done.set()
+            t.maybe_release(obj)
+
+    def _fetch_job(
+        self, path: str, version: str, start: int, n: int, fd: int, create: str, size: int
+    ) -> tuple[bytes, array[int] | None, int]:
+        """Worker thread: read a range from the origin (retrying transient errors), then
+        checksum it and write it into the cache file — ``fd``, or a new file at ``create``
+        (of ``size`` bytes) whose descriptor is returned; neither: do not store."""
+        sync = self._origin.sync
+        data = retry(
+            lambda: sync.read_range(path, start, n, version),
+            attempts=self._origin.attempts,
+            what=f"read {path}",
+        )
+        if len(data) != n:
+            raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
+        new_fd = -1
+        try:
+            if create:
+                fd = new_fd = create_file(create, size)
+            if fd < 0:
+                return data, None, new_fd
+            crcs = checksums(data, self._cs)
+            allocate(fd, start, n)
+            write_all(fd, data, start)
+        except OSError as exc:
+            log.warning("cache: write to cache file of %s failed: %s", path, exc)
+            return data, None, new_fd
+        return data, crcs, new_fd
+
+    # -- whole objects ---------------------------------------------------------------------
+
+    async def warm(self, obj: CachedObject) -> int:
+        """Fetch every block of the loaded, pinned ``obj`` not cached yet (waiting for parts
+        already in flight); the bytes this call read from the origin. Raises the first error
+        of any part waited for."""
+        have, inflight = obj.have, obj.inflight
+        assert have is not None
+        theirs: dict[int, Part] = {}
+        for p in inflight.values():
+            p.needed = True
+            theirs[id(p)] = p
+        mine = [
+            self.start_part(obj, b0, b1, Kind.WARM, None)
+            for b0, b1 in split_runs(
+                0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight
+            )
+        ]
+        error: BaseException | None = None
+        for p in [*mine, *theirs.values()]:
+            await p.done.wait()
+            if p.error is not None and error is None:
+                error = p.error
+        if error is not None:
+            raise error
+        fetched = sum(p.end - p.start for p in mine)
+        self._stats.warm_bytes += fetched
+        return fetched
+
+    async def adopt(self, obj: CachedObject, local_file: str, size: int) -> bool:
+        """Copy ``local_file`` (``size`` bytes, already checked) into the loaded, pinned
+        ``obj``'s blocks that are not cached or in flight. False when there is no room."""
+        t = self._table
+        have, inflight = obj.have, obj.inflight
+        assert have is not None
+        runs = list(split_runs(0, obj.nblocks, 1 << 62, lambda b: bool(have[b]) or b in inflight))
+        if not runs:
+            return True
+        nbytes = sum(obj.run_len(b0, b1) for b0, b1 in runs)
+        if not t.reserve(obj, nbytes):
+            return False
+        whole = obj.cached == 0 and not inflight and runs == [(0, obj.nblocks)]
+        parts = [Part(obj, b0, b1, Kind.ADOPT, None) for b0, b1 in runs]
+        for p in parts:
+            p.started = True
+            for b in range(p.b0, p.b1):
+                inflight[b] = p
+        reserved = nbytes
+        try:
+            await punches_done(obj)
+            fd = await self._files.fd_for_write(obj)
+            obj.io += 1
+            try:
+                crcs = await trio.to_thread.run_sync(
+                    self._adopt_job,
+                    local_file,
+                    size,
+                    fd,
+                    [(p.start, p.end - p.start) for p in parts],
+                    whole,
+                    limiter=self._io_limiter,
+                )
+            finally:
+                obj.io -= 1
+            for p, c in zip(parts, crcs, strict=True):
+                t.commit(obj, p.b0, p.b1, c, PRESENT)
+            reserved = 0
+            self._stats.adopted_bytes += nbytes
+            return True
+        finally:
+            # reads waiting on these blocks plan again: they find them cached, or (if
+            # adopting failed) fetch them; an adopt failure is never theirs
+            t.used -= reserved
+            for p in parts:
+                for b in range(p.b0, p.b1):
+                    if inflight.get(b) is p:
+                        del inflight[b]
+                p.done.set()
+
+    def _adopt_job(
+        self, local_file: str, size: int, fd: int, ranges: list[tuple[int, int]], whole: bool
+    ) -> list[array[int]]:
+        actual = os.stat(local_file).st_size
+        if actual != size:
+            raise ValueError(f"{local_file}: {actual} bytes, expected {size}")
+        return copy_into(local_file, fd, ranges, whole, self._cs)

@@ -1,0 +1,202 @@
+"""Persistence of the object table: loading the index, batched flushes, block maps, orphans.
+
+:class:`IndexKeeper` mirrors the :class:`~airfs.cache.objects.ObjectTable` to the LMDB
+:class:`~airfs.cache.index.CacheIndex`. At open (in a worker thread) it installs every object
+the index knows, without its block map; :meth:`IndexKeeper.ensure_loaded` reads an object's map
+on first use. Changes are not written as they happen: the table's dirty marks are collected
+and written in one transaction per ``flush_interval`` (:meth:`IndexKeeper.run_flusher`), and
+once more at :meth:`IndexKeeper.close`. A failed write keeps the marks, so the next flush
+retries it. :meth:`IndexKeeper.remove_orphans` deletes cache files the index does not know
+(left by a crash or a wiped index).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from array import array
+
+import trio
+
+from .index import CacheIndex, decode_map, encode_map, encode_meta
+from .objects import ObjectTable
+from .stats import Counters
+from .store import CachedObject
+
+__all__ = ["IndexKeeper"]
+
+log = logging.getLogger(__name__)
+
+_NONZERO = bytes([0] + [1] * 255)  # bytes.translate table: any non-zero byte -> 1
+
+
+class IndexKeeper:
+    """Keeps ``table`` and the index at ``cache_dir`` in step (see the module docstring)."""
+
+    def __init__(
+        self,
+        cache_dir: str,
+        table: ObjectTable,
+        stats: Counters,
+        io_limiter: trio.CapacityLimiter,
+        *,
+        flush_interval: float,
+    ) -> None:
+        self.cache_dir = cache_dir
+        self._table = table
+        self._stats = stats
+        self._io_limiter = io_limiter
+        self._flush_interval = flush_interval
+        self._flush_lock = trio.Lock()
+        self._index: CacheIndex | None = None
+
+    def open(self) -> None:
+        """Open the index (taking the directory's lock) and load the object table from it.
+        Blocking: call from a worker thread. Raises what :class:`CacheIndex` raises."""
+        t = self._table
+        index = CacheIndex(self.cache_dir, block_size=t.block_size, chunk_size=t.chunk_size)
+        try:
+            records = index.load_objects()
+            t.files.make_dirs()
+        except BaseException:
+            index.close()
+            raise
+        self._index = index
+        t.load(records)
+
+    async def close(self) -> None:
+        """Write what is pending (errors are logged) and close the index."""
+        try:
+            await self.flush()
+        except Exception:
+            log.exception("cache index: final flush failed")
+        if self._index is not None:
+            index, self._index = self._index, None
+            await trio.to_thread.run_sync(index.close)
+
+    async def run_flusher(self) -> None:
+        """Forever: after something changed, wait ``flush_interval`` and flush."""
+        while True:
+            await self._table.dirty_ev.wait()
+            await trio.sleep(self._flush_interval)
+            try:
+                await self.flush()
+            except Exception:  # keep the cache serving; the next flush retries
+                log.exception("cache index: flush failed")
+                await trio.sleep(5)
+
+    async def flush(self) -> None:
+        """Write everything changed to the index now (one transaction, in a thread)."""
+        async with self._flush_lock:
+            if self._index is None:
+                return
+            t = self._table
+            t.dirty_ev = trio.Event()
+            metas, maps = [], []
+            for key in t.dirty_meta:
+                obj = t.objects.get(key)
+                if obj is not None and obj.cached:
+                    meta = encode_meta(
+                        obj.gen, obj.size, obj.cached, obj.last_used, obj.path, obj.version
+                    )
+                    metas.append((key, meta))
+                elif obj is not None:
+                    t.deleted.add(key)
+            for key in t.dirty_map:
+                obj = t.objects.get(key)
+                if obj is not None and obj.cached and obj.have is not None and obj.crcs is not None:
+                    maps.append((key, encode_map(obj.gen, obj.have, obj.crcs.tobytes())))
+            deletes = list(t.deleted)
+            t.dirty_meta.clear()
+            t.dirty_map.clear()
+            t.deleted.clear()
+            if not (metas or maps or deletes):
+                return
+            try:
+                await trio.to_thread.run_sync(self._index.write_batch, metas, maps, deletes)
+                self._stats.index_flushes += 1
+            except Exception:
+                log.exception("cache index: write failed; will retry")
+                t.dirty_meta.update(k for k, _ in metas)
+                t.dirty_map.update(k for k, _ in maps)
+                t.deleted.update(deletes)
+                t.mark_dirty()
+
+    # -- block maps ------------------------------------------------------------------------
+
+    async def ensure_loaded(self, obj: CachedObject) -> None:
+        """Load the block map of an object known from the index (once, in a thread). A map
+        that cannot be read (or whose file is gone) leaves the object empty: it is refetched."""
+        while obj.have is None:
+            if obj.loading is not None:
+                await obj.loading.wait()
+                continue
+            ev = obj.loading = trio.Event()
+            raw: bytes | None = None
+            exists = False
+            try:
+                try:
+                    raw, exists = await trio.to_thread.run_sync(
+                        self._load_map_job, obj, limiter=self._io_limiter
+                    )
+                except Exception:
+                    log.exception("cache index: cannot load %s", obj.path)
+                self._install_map(obj, raw, exists)
+            finally:
+                obj.loading = None
+                ev.set()
+
+    def _load_map_job(self, obj: CachedObject) -> tuple[bytes | None, bool]:
+        assert self._index is not None
+        raw = self._index.load_map(obj.key)
+        exists = os.path.exists(self._table.files.path(obj))
+        return raw, exists
+
+    def _install_map(self, obj: CachedObject, raw: bytes | None, exists: bool) -> None:
+        if obj.have is not None:
+            return
+        t = self._table
+        have = bytearray(obj.nblocks)
+        crcs = array("I", bytes(4 * obj.nchunks))
+        dec = decode_map(raw, obj.nblocks, obj.nchunks) if raw is not None and exists else None
+        if dec is not None and dec[0] == obj.gen:
+            have = bytearray(dec[1]).translate(_NONZERO)
+            crcs = array("I")
+            crcs.frombytes(dec[2])
+        cached = have.count(1) * t.block_size
+        if obj.nblocks and have[-1]:
+            cached -= t.block_size - obj.block_len(obj.nblocks - 1)
+        obj.have, obj.crcs = have, crcs
+        if not exists:
+            obj.file_created = False
+        if cached != obj.cached:
+            t.used += cached - obj.cached
+            obj.cached = cached
+            t.changed(obj)
+
+    # -- orphans ---------------------------------------------------------------------------
+
+    async def remove_orphans(self) -> None:
+        """Delete cache files the index does not know (left by a crash or a wiped index).
+        Files made by this run are never touched."""
+        t = self._table
+        try:
+            names = await t.files.list_files()
+        except OSError as exc:
+            log.warning("cache: cannot list %s: %s", t.files.data_dir, exc)
+            return
+        doomed = []
+        for path in names:
+            stem, _, gen_hex = os.path.basename(path).partition(".")
+            try:
+                key, gen = bytes.fromhex(stem), int(gen_hex, 16)
+            except ValueError:
+                continue
+            if gen >= t.gen_start:
+                continue  # made by this run
+            obj = t.objects.get(key)
+            if obj is None or obj.gen != gen:
+                doomed.append(path)
+        if doomed:
+            log.info("cache: removing %d orphaned cache files", len(doomed))
+            await t.files.unlink_all(doomed)
