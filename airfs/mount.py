@@ -183,13 +183,21 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
                 from airfs.origin.s3 import S3Origin
             except ImportError as exc:  # pragma: no cover - s3 support is part of the package
                 raise MountError(f"S3 origins are not available: {exc}") from None
+            if cfg.s3_default_mode is None:
+                return S3Origin.from_url(
+                    spec,
+                    endpoint=cfg.s3_endpoint,
+                    region=cfg.s3_region,
+                    path_style=cfg.s3_path_style,
+                    list_heads=cfg.s3_list_heads,
+                )
             return S3Origin.from_url(
                 spec,
                 endpoint=cfg.s3_endpoint,
                 region=cfg.s3_region,
                 path_style=cfg.s3_path_style,
                 list_heads=cfg.s3_list_heads,
-                **({} if cfg.s3_default_mode is None else {"default_mode": cfg.s3_default_mode}),
+                default_mode=cfg.s3_default_mode,
             )
         if "://" in spec and not spec.startswith("file://"):
             raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")

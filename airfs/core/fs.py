@@ -651,7 +651,7 @@ class Filesystem:
                 new.refs += 1
         if h.node.staged is st:
             h.node.staged = new
-        self.area.release(st)  # type: ignore[arg-type]
+        self.area.release(st)
         return new
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:

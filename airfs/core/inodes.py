@@ -24,7 +24,7 @@ import trio
 from airfs.origin.base import Entry, Kind
 
 if TYPE_CHECKING:
-    from .staging import Staged
+    from airfs.writeback.staging import Staged
 
 ROOT_INO = 1
 LAST_KNOWN_MAX = 100_000

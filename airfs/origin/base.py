@@ -188,7 +188,11 @@ class Origin(Protocol):
 
     #: Human-readable description, e.g. ``"/data/volumes"`` or ``"s3://bucket/prefix"``.
     url: str
-    capabilities: Capabilities
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this origin can do (see :class:`Capabilities`)."""
+        ...
 
     def check_name(self, path: str) -> None:
         """Raise :class:`InvalidName` (EINVAL) or :class:`NameTooLong` (ENAMETOOLONG) if the
