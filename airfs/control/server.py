@@ -170,10 +170,17 @@ class ControlServer:
         def progress(p: dict[str, Any]) -> None:
             pending.append(encode({"progress": p}))
 
+        gone = False
+
         async def pump() -> None:
-            while True:
-                await trio.sleep(0.1)
-                await drain()
+            nonlocal gone
+            try:
+                while True:
+                    await trio.sleep(0.1)
+                    await drain()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                gone = True  # the client left (e.g. its --timeout passed): stop the request
+                nursery.cancel_scope.cancel()
 
         async def drain() -> None:
             async with send_lock:
@@ -193,6 +200,9 @@ class ControlServer:
                 except Exception as exc:  # raised below, not wrapped in the nursery's group
                     failed = _leaf(exc)
                 nursery.cancel_scope.cancel()
+            if gone:
+                log.info("control %s: the client left before the reply", op)
+                return
             if failed is not None:
                 raise failed
             await drain()
