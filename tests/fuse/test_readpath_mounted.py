@@ -132,7 +132,9 @@ def test_corrupt_block_is_refetched_not_served(origin_spec: Any, make_volume: An
 def test_origin_replaced_seen_after_ttl_never_mixed(make_volume: Callable[..., Volume]) -> None:
     v = make_volume("--ttl", "0.2")
     if v.spec.kind != "posix":  # S3 readers of a replaced object get EIO (see below)
-        v.m.expect_errors(r"ERROR airfs\.fuse\.(ops|kernel\.session): read: \[Errno 5\] .*changed at the origin")
+        v.m.expect_errors(
+            r"ERROR airfs\.fuse\.(ops|kernel\.session): read: \[Errno 5\] .*changed at the origin"
+        )
     size = 2 * MiB
     put_origin(v, "r.bin", b"A" * size)
     assert (v.root / "r.bin").read_bytes() == b"A" * size
