@@ -34,6 +34,16 @@ class Kind(enum.Enum):
     FILE = "file"
     DIR = "dir"
     SYMLINK = "symlink"
+    #: special files (only where ``Capabilities.special_files``): named pipes, sockets and,
+    #: when the mount allows them, device nodes
+    FIFO = "fifo"
+    SOCKET = "socket"
+    CHAR = "char"
+    BLOCK = "block"
+
+
+#: the kinds ``Origin.mknod`` creates
+SPECIAL_KINDS = frozenset({Kind.FIFO, Kind.SOCKET, Kind.CHAR, Kind.BLOCK})
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +53,13 @@ class Entry:
 
     ``name`` is the last path component (``""`` for the root). ``version`` identifies the
     content: equal versions mean equal bytes. Directories have version ``""``. ``mode`` holds
-    permission bits only (no file-type bits).
+    permission bits (with setuid/setgid/sticky), no file-type bits.
+
+    ``uid``/``gid`` are None where the origin keeps no owner for this object (the mount's
+    default owner applies). ``nlink`` counts the names of a file (POSIX hard links; 1 on object
+    stores); directories report the origin's count or 2. ``atime_ns``/``ctime_ns`` are None
+    where the origin keeps none (the mount reports ``mtime_ns``). ``rdev`` is the device
+    number of a device node.
     """
 
     name: str
@@ -52,6 +68,12 @@ class Entry:
     mtime_ns: int
     mode: int
     version: str
+    uid: int | None = None
+    gid: int | None = None
+    nlink: int = 1
+    atime_ns: int | None = None
+    ctime_ns: int | None = None
+    rdev: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,7 +193,15 @@ class Capabilities:
     * ``modes`` / ``mtimes``: permission bits / modification times given to ``put`` and
       ``set_attrs`` are kept;
     * ``md5_etag``: the version tag of an object is the hex MD5 of its bytes (S3 single-part),
-      so a commit can tell cheaply whether its bytes are already there.
+      so a commit can tell cheaply whether its bytes are already there;
+    * ``owners``: ``uid``/``gid`` given to ``put``, ``mkdir``, ``symlink``, ``mknod`` and
+      ``set_attrs`` are kept and reported in entries;
+    * ``atimes``: access times given to ``set_attrs`` are kept and reported;
+    * ``hard_links``: ``link`` makes a second name of the same file (POSIX: nlink counts
+      names, a change through one name is seen through the others);
+    * ``link_copies``: ``link`` is an atomic create-if-absent copy (S3): EEXIST when the new
+      name exists, each name an independent file afterwards (nlink 1);
+    * ``special_files``: ``mknod`` creates FIFOs and sockets (and device nodes).
     """
 
     pin: bool = False
@@ -180,6 +210,11 @@ class Capabilities:
     modes: bool = False
     mtimes: bool = False
     md5_etag: bool = False
+    owners: bool = False
+    atimes: bool = False
+    hard_links: bool = False
+    link_copies: bool = False
+    special_files: bool = False
 
 
 @runtime_checkable
@@ -226,13 +261,16 @@ class Origin(Protocol):
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
         """Atomically replace (or create) ``path`` with the content of local file ``source``.
 
         Readers see the old object or the whole new one, and the new one has its final
-        ``mode`` and ``mtime_ns`` (where the origin keeps them) from its first visible moment;
-        ``mode`` None keeps the replaced object's mode (0644 for a new one), ``mtime_ns`` None
-        means now. With ``if_match`` (a version tag, or ``""`` meaning "must not exist"),
+        ``mode``, ``mtime_ns`` and owner (where the origin keeps them) from its first visible
+        moment; ``mode`` None keeps the replaced object's mode (0644 for a new one),
+        ``mtime_ns`` None means now, ``uid``/``gid`` None keep the replaced object's owner (the
+        origin's default for a new one). With ``if_match`` (a version tag, or ``""`` meaning "must not exist"),
         raises :class:`Conflict` when the current object does not match. Returns the new
         entry (with its version).
         """
@@ -242,8 +280,11 @@ class Origin(Protocol):
         """Remove a file or symlink. Raises :class:`NotFound`, :class:`IsADir`."""
         ...
 
-    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
-        """Create a directory. Raises :class:`Exists`, :class:`NotFound` (no parent)."""
+    def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        """Create a directory with exactly ``mode`` (no umask) and, where the origin keeps
+        owners, ``uid``/``gid``. Raises :class:`Exists`, :class:`NotFound` (no parent)."""
         ...
 
     def rmdir(self, path: str) -> None:
@@ -260,18 +301,55 @@ class Origin(Protocol):
         """
         ...
 
-    def symlink(self, path: str, target: str) -> Entry:
+    def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         """Create a symbolic link at ``path`` pointing to ``target``. Raises :class:`Exists`."""
+        ...
+
+    def link(self, src: str, dst: str) -> Entry:
+        """Make ``dst`` a new name of file ``src`` and return ``dst``'s entry.
+
+        ``hard_links`` origins make a real link (both names one file, ``nlink`` counts
+        them); ``link_copies`` origins copy ``src`` to ``dst`` only if ``dst`` does not exist,
+        atomically (two nodes racing for ``dst``: exactly one wins). Raises :class:`Exists`
+        when ``dst`` exists, :class:`NotFound`, :class:`NotSupported` elsewhere."""
+        ...
+
+    def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        """Create a special file (``kind`` in :data:`SPECIAL_KINDS`). Raises :class:`Exists`,
+        :class:`NotSupported` where the origin has no ``special_files``."""
         ...
 
     def readlink(self, path: str) -> str:
         """The target of symlink ``path``."""
         ...
 
-    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        """Change permission bits and/or modification time where the origin keeps them.
+    def set_attrs(
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
+    ) -> Entry:
+        """Change permission bits, owner, modification and/or access time where the origin
+        keeps them (None: unchanged). ``follow=False`` changes a symlink itself (lchown,
+        ``utimensat(AT_SYMLINK_NOFOLLOW)``); origins that cannot, accept and ignore it.
 
-        Origins that cannot store them accept the call and return the entry unchanged.
+        Origins that cannot store an attribute accept the call and return the entry unchanged.
         """
         ...
 

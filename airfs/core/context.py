@@ -1,0 +1,68 @@
+"""Who asked: the caller of a filesystem request, and the hook that governs access.
+
+Every core operation that a process triggers takes a :class:`Caller` (the FUSE request's
+uid, gid and pid; ``SO_PEERCRED`` on the control socket). The kernel still checks the mode
+bits (``default_permissions``); the core uses the caller for what the kernel cannot know:
+the owner of new files, the ``chown`` rules, and the :class:`Guard` of governed volumes.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """The process a request comes from. ``groups`` are its supplementary groups (read
+    from ``/proc/<pid>/status`` on demand by :func:`groups_of`; empty when unknown)."""
+
+    uid: int
+    gid: int
+    pid: int = 0
+    groups: frozenset[int] = field(default_factory=frozenset)
+
+    @property
+    def is_root(self) -> bool:
+        return self.uid == 0
+
+    def in_group(self, gid: int) -> bool:
+        """The caller's primary or a supplementary group is ``gid``."""
+        return gid == self.gid or gid in self.groups or gid in groups_of(self.pid)
+
+
+#: internal work (commits, recovery, warm-up started by the daemon itself)
+DAEMON = Caller(os.getuid(), os.getgid())
+
+
+def groups_of(pid: int) -> frozenset[int]:
+    """Supplementary groups of process ``pid`` (empty if it is gone or unknown)."""
+    if pid <= 0:
+        return frozenset()
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Groups:"):
+                    return frozenset(int(g) for g in line.split()[1:])
+    except OSError:
+        pass
+    return frozenset()
+
+
+class Guard(Protocol):
+    """Access policy above the mode bits (governed volumes). The core calls :meth:`check`
+    before an operation touches ``path`` and :meth:`visible` for each listed name.
+
+    ``op`` names the core operation: ``lookup``, ``getattr``, ``readdir``, ``open_read``,
+    ``open_write``, ``create``, ``write`` (truncate/setattr), ``mkdir``, ``rmdir``,
+    ``unlink``, ``rename_from``, ``rename_to``, ``symlink``, ``link``, ``mknod``, ``readlink``.
+    """
+
+    async def check(self, caller: Caller, op: str, path: str) -> None:
+        """Return if allowed; raise ``OSError`` (EACCES, ENOENT or EPERM) if not."""
+        ...
+
+    def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
+        """Whether ``name`` in directory ``dir_path`` is listed to ``caller``."""
+        ...
