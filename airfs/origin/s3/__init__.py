@@ -4,19 +4,22 @@ obstore's calls release the GIL, so the core's worker threads run them in parall
 the bucket (``s3://BUCKET/PREFIX``; the prefix is prepended to every key):
 
 * a file ``a/b.bin`` is the object ``PREFIX/a/b.bin``; its version tag is the ETag (quotes
-  included, as S3 sends it); mtime from ``Last-Modified`` (whole seconds on most servers);
-  its mode is kept in the object's user metadata ``x-amz-meta-airfs-mode`` (octal), written
-  with the object itself by :meth:`S3Origin.put` (so it is never visible with another mode)
-  and changed by ``set_attrs`` (a copy of the object onto itself); objects written by other
-  tools have ``default_mode`` (0o644 unless configured). Listings do not carry user
-  metadata: the mode of a listed object is known from this origin's own puts and heads
-  (remembered per key and ETag) or asked for with a HEAD (in parallel), so a listing never
-  shows a private object with the default mode;
+  included, as S3 sends it). Its mode, owner and mtime are kept in the object's user metadata
+  (``x-amz-meta-airfs-mode``/``-uid``/``-gid``/``-mtime``, see :mod:`._meta`), written with
+  the object itself by :meth:`S3Origin.put` (so it is never visible with other attributes)
+  and changed by ``set_attrs`` (a metadata-replacing copy of the object onto itself,
+  conditional on its ETag); objects written by other tools have ``default_mode`` (0o644
+  unless configured), no owner and ``Last-Modified`` as mtime. Listings do not carry user
+  metadata: the attributes of a listed object are known from this origin's own puts and heads
+  (remembered per key, ETag and Last-Modified: the copy keeps the ETag) or asked for with a
+  HEAD (in parallel), so a listing never shows a private object with the default mode;
 * directories are key prefixes. ``mkdir`` writes a zero-byte *marker* object ``PREFIX/a/`` (the
   convention of the S3 console, Hadoop S3A, rclone, gcsfuse); a path is a directory if its
   marker exists or any key starts with ``path/``, so objects written by other tools
-  (``a/b/c.parquet`` with no markers) appear as files in implied directories. Directories have
-  mode 0o755 and, having no timestamp of their own, the time the origin was opened as mtime.
+  (``a/b/c.parquet`` with no markers) appear as files in implied directories. A marker
+  carries the same metadata where the server keeps a marker's metadata (AWS S3, MinIO; probed
+  once; SeaweedFS does not); other directories have mode 0o755, no owner and the time the
+  origin was opened as mtime.
   When a delete, rename or rmdir empties a directory, its marker is written so that the
   directory does not vanish under the user (``rm -r`` works). A directory and a file of the
   same name can coexist on S3; the directory shadows the file in listings.
@@ -39,16 +42,17 @@ HEAD and the end of the upload is overwritten (a documented race, as for any las
 store).
 
 Not atomic: renames are copy + delete (a file; a copy is limited to 5 GiB by AWS; the copy
-keeps the mode), a directory rename moves object by object. ``rename(replace=False)`` checks
+keeps the metadata), a directory rename moves object by object. ``rename(replace=False)`` checks
 the destination first (race documented). Symbolic links are not supported
-(:class:`NotSupported`); ``set_attrs`` stores a mode and ignores mtimes (S3 has no settable
-mtime). Names that are not valid keys for
+(:class:`NotSupported`), nor are special files (``mknod``). ``link`` is an atomic
+create-if-absent copy (:mod:`._link`). Names that are not valid keys for
 obstore (control characters) fail with EINVAL. SeaweedFS turns ``\\`` in a key into ``/``.
 
 Modules: ``_origin`` (construction from a URL, capabilities), ``_core`` (shared state, keys,
 HEADs, markers), ``_reads``, ``_writes`` (PUTs, conditional writes, multipart clean-up),
-``_tree`` (directories, renames, attributes), ``_meta`` (the metadata keys), ``_raw`` (the
-SigV4 client), ``_credentials``, ``_errors`` (error translation), ``_config`` (tunables).
+``_tree`` (directories, renames, attributes), ``_link`` (create-if-absent copies), ``_meta``
+(the metadata keys), ``_raw`` (the SigV4 client), ``_credentials``, ``_errors`` (error
+translation), ``_config`` (tunables).
 """
 
 from ._config import (

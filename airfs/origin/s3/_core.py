@@ -7,8 +7,10 @@ path, an object's metadata (one HEAD), whether a path is a directory (one small 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
@@ -16,16 +18,17 @@ from typing import Any
 import obstore
 from obstore.store import S3Store
 
-from ..base import Entry, Kind, NotFound, NotSupported, split
+from ..base import Entry, Kind, NotFound, NotSupported, OriginError, split
 from ._config import (
     DEFAULT_PART_SIZE,
     DEFAULT_PUT_CONCURRENCY,
     DEFAULT_SINGLE_PUT_MAX,
     MODE_CACHE_MAX,
+    PROBE_PREFIX,
 )
 from ._errors import s3_code, translate
-from ._meta import DEFAULT_MODE, MODE_ATTR, ns_of, parse_mode
-from ._raw import RawS3
+from ._meta import DEFAULT_MODE, Meta, from_headers, http_date_ns, ns_of, parse
+from ._raw import RawS3, quote
 
 
 class S3Base:
@@ -49,16 +52,18 @@ class S3Base:
         self._store = store
         self.default_mode = default_mode & 0o7777
         self.list_heads = list_heads
-        #: path -> (ETag, mode): what this origin knows of objects' modes
-        self._modes: OrderedDict[str, tuple[str, int]] = OrderedDict()
-        self._modes_lock = threading.Lock()
+        #: path -> ((ETag, Last-Modified ns), metadata): what this origin knows of objects'
+        #: stored attributes (listings carry none); Last-Modified is part of the key because a
+        #: metadata-replacing copy keeps the ETag
+        self._known: OrderedDict[str, tuple[tuple[str, int], Meta]] = OrderedDict()
+        self._known_lock = threading.Lock()
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self._raw = raw
-        self._put_attrs: dict[str, tuple[int, int]] = {}
-        self._attrs_lock = threading.Lock()
         self._conditional = conditional_writes
+        self._conditional_copy: bool | None = None
+        self._marker_meta: bool | None = None
         self._probe_lock = threading.Lock()
         self.single_put_max = single_put_max
         self.part_size = part_size
@@ -74,67 +79,73 @@ class S3Base:
         """The full object key of ``path`` (prefix included)."""
         return f"{self.prefix}/{path}" if self.prefix else path
 
-    def _file_entry(self, name: str, meta: Mapping[str, Any], mode: int) -> Entry:
-        etag = meta.get("e_tag") or ""
-        seen = self._put_attrs.get(etag)
-        mtime_ns = seen[0] if seen else (ns_of(meta.get("last_modified")) or time.time_ns())
+    @staticmethod
+    def _token(meta: Mapping[str, Any]) -> tuple[str, int]:
+        """What identifies one stored state of an object (content and metadata)."""
+        return meta.get("e_tag") or "", ns_of(meta.get("last_modified"))
+
+    def _file_entry(self, name: str, meta: Mapping[str, Any], attrs: Meta) -> Entry:
+        """The entry of an object from its listing or HEAD (``meta``) and stored ``attrs``."""
+        mtime_ns = attrs.mtime_ns
+        if mtime_ns is None:
+            mtime_ns = ns_of(meta.get("last_modified")) or time.time_ns()
         return Entry(
             name=name,
             kind=Kind.FILE,
             size=int(meta["size"]),
             mtime_ns=mtime_ns,
-            mode=mode,
-            version=etag,
+            mode=self.default_mode if attrs.mode is None else attrs.mode,
+            version=meta.get("e_tag") or "",
+            uid=attrs.uid,
+            gid=attrs.gid,
         )
 
-    def _remember(self, path: str, etag: str, mode: int) -> None:
-        with self._modes_lock:
-            self._modes[path] = (etag, mode)
-            self._modes.move_to_end(path)
-            while len(self._modes) > MODE_CACHE_MAX:
-                self._modes.popitem(last=False)
+    def _remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
+        with self._known_lock:
+            self._known[path] = (token, attrs)
+            self._known.move_to_end(path)
+            while len(self._known) > MODE_CACHE_MAX:
+                self._known.popitem(last=False)
 
-    def _known_mode(self, path: str, etag: str) -> int | None:
-        with self._modes_lock:
-            got = self._modes.get(path)
-        return got[1] if got is not None and got[0] == etag else None
+    def _known_meta(self, path: str, token: tuple[str, int]) -> Meta | None:
+        """The stored attributes of ``path`` in the state ``token``, if this origin saw it."""
+        with self._known_lock:
+            got = self._known.get(path)
+        return got[1] if got is not None and got[0] == token else None
 
-    def _mode_of(self, path: str, meta: Mapping[str, Any]) -> int:
-        """The mode of a HEAD's result (see :meth:`_head`), remembered for listings."""
-        mode = meta.get("mode")
-        if mode is None:
-            mode = self.default_mode
-        self._remember(path, meta.get("e_tag") or "", mode)
-        return mode
-
-    def _remember_attrs(self, etag: str, mode: int | None, mtime_ns: int | None) -> None:
-        """The mtime of an object this process put or touched (S3 keeps none): served for
-        that exact version while the process runs, so a file's mtime does not change by
-        itself when it is committed. Bounded. (Modes are in the objects' metadata.)"""
-        if not etag or (mode is None and mtime_ns is None):
-            return
-        with self._attrs_lock:
-            self._put_attrs[etag] = (
-                mtime_ns if mtime_ns is not None else time.time_ns(),
-                0o644 if mode is None else mode & 0o7777,
-            )
-            while len(self._put_attrs) > 100_000:
-                self._put_attrs.pop(next(iter(self._put_attrs)))
-
-    def _dir_entry(self, name: str) -> Entry:
-        return Entry(name, Kind.DIR, 0, self._dir_mtime_ns, 0o755, "")
+    def _dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
+        """A directory: its marker's attributes where the server keeps them, else 0o755, no
+        owner, and the time the origin was opened."""
+        a = attrs or Meta()
+        return Entry(
+            name,
+            Kind.DIR,
+            0,
+            a.mtime_ns or mtime_ns or self._dir_mtime_ns,
+            0o755 if a.mode is None else a.mode,
+            "",
+            uid=a.uid,
+            gid=a.gid,
+            nlink=2,
+        )
 
     def _head(self, path: str) -> Mapping[str, Any] | None:
-        """The object's metadata (with ``mode``: the stored mode, or None if it has none), or
-        None if there is no object ``path``."""
+        """The object's metadata (obstore's, with ``attrs``: the stored :class:`Meta`), or
+        None if there is no object ``path``. Remembered for listings."""
         try:
             res = obstore.get(self._store, path, options={"head": True})
-            return {**res.meta, "mode": parse_mode(res.attributes.get(MODE_ATTR))}
         except Exception as exc:
             err = translate(exc, self._where(path))
             if isinstance(err, NotFound) and s3_code(exc) != "NoSuchBucket":
                 return None
             raise err from None
+        attrs = parse(res.attributes)
+        self._remember(path, self._token(res.meta), attrs)
+        return {**res.meta, "attrs": attrs}
+
+    def _copy_source(self, path: str) -> str:
+        """The ``x-amz-copy-source`` header naming the object ``path``."""
+        return f"/{quote(self.bucket, safe='')}/{quote(self._key(path), safe='/~')}"
 
     def _need_raw(self, what: str, path: str) -> RawS3:
         if self._raw is None:
@@ -166,9 +177,42 @@ class S3Base:
         marker, children = self._probe(path)
         return marker or children
 
-    def _put_marker(self, path: str) -> None:
+    def _put_marker(self, path: str, attrs: Meta | None = None) -> None:
+        """Write the marker ``path/`` (with ``attrs`` in its metadata, where given)."""
         raw = self._need_raw("creating a directory", path)
-        raw.request("PUT", self._key(path) + "/", self._where(path))
+        headers = attrs.headers() if attrs is not None else None
+        raw.request("PUT", self._key(path) + "/", self._where(path), headers=headers)
+
+    def _marker_meta_kept(self) -> bool:
+        """Whether the server keeps user metadata on directory markers (AWS S3 and MinIO do;
+        SeaweedFS 4.48 stores a marker as a filer directory and drops it). Probed once with a
+        hidden marker at the origin's root; False without the signing client."""
+        if self._marker_meta is not None:
+            return self._marker_meta
+        if self._raw is None:
+            return False
+        with self._probe_lock:
+            if self._marker_meta is None:
+                path = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+                key, where = self._key(path) + "/", self._where(path)
+                try:
+                    self._raw.request("PUT", key, where, headers=Meta(mode=0o700).headers())
+                    got = self._raw.head(key, where)
+                    self._marker_meta = got is not None and from_headers(got).mode == 0o700
+                finally:
+                    with contextlib.suppress(OriginError):
+                        self._raw.request("DELETE", key, where)
+        return self._marker_meta
+
+    def _dir_meta(self, path: str) -> tuple[Meta, int] | None:
+        """(stored attributes, Last-Modified ns) of the marker of directory ``path``, where
+        the server keeps markers' metadata and the marker exists; else None."""
+        if not path or self._raw is None or not self._marker_meta_kept():
+            return None
+        got = self._raw.head(self._key(path) + "/", self._where(path))
+        if got is None:
+            return None
+        return from_headers(got), http_date_ns(got.get("last-modified"))
 
     def _delete_marker(self, path: str) -> None:
         raw = self._need_raw("removing a directory", path)

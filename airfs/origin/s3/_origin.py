@@ -21,13 +21,12 @@ from ._config import (
 )
 from ._credentials import Credentials, resolve_credentials, resolve_region, truthy
 from ._errors import first_line, s3_code, status_of, translate
+from ._link import Links
 from ._meta import DEFAULT_MODE
 from ._raw import RawS3
-from ._tree import Tree
-from ._writes import Writes
 
 
-class S3Origin(Tree, Writes):
+class S3Origin(Links):
     """An origin on an S3-compatible bucket (see the package docstring for the semantics)."""
 
     @classmethod
@@ -196,8 +195,10 @@ class S3Origin(Tree, Writes):
             conditional_put=self.conditional_writes(),
             symlinks=False,
             modes=True,
-            mtimes=False,
+            mtimes=True,
             md5_etag=True,
+            owners=True,
+            link_copies=True,
         )
 
     def close(self) -> None:

@@ -16,6 +16,7 @@ import urllib.parse
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 
+from ..base import NotFound
 from ._credentials import Credentials
 from ._errors import CODE_RE, classify, first_line
 
@@ -117,6 +118,26 @@ class RawS3:
     ) -> bytes:
         """Send one request (``key=None``: the bucket itself) with extra signed ``headers``;
         raise the typed error for a non-2xx reply; return the body."""
+        return self.send(method, key, where, query, body, headers)[1]
+
+    def head(self, key: str, where: str) -> dict[str, str] | None:
+        """The reply headers of a HEAD of ``key`` (names in lower case), or None if there is
+        no such object. Other failures raise the typed error."""
+        try:
+            return self.send("HEAD", key, where)[0]
+        except NotFound:
+            return None
+
+    def send(
+        self,
+        method: str,
+        key: str | None,
+        where: str,
+        query: Mapping[str, str] | None = None,
+        body: bytes = b"",
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[dict[str, str], bytes]:
+        """:meth:`request`, returning the reply headers (lower-case names) with the body."""
         path = self.base + ("/" + quote(key, safe="/~") if key is not None else "") or "/"
         qs = "&".join(f"{quote(k)}={quote(v)}" for k, v in sorted((query or {}).items()))
         target = f"{path}?{qs}" if qs else path
@@ -138,7 +159,7 @@ class RawS3:
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
                 if attempt == 1 and not fresh:
-                    continue  # every request made here is idempotent: retry on a new one
+                    continue  # a request that never reached the server: send it again
                 raise classify(
                     where,
                     status=None,
@@ -154,7 +175,7 @@ class RawS3:
                 code=c.group(1) if c else None,
                 detail=f"HTTP {resp.status} {resp.reason}",
             )
-        return data
+        return {k.lower(): v for k, v in resp.getheaders()}, data
 
     def list_keys(
         self, prefix: str, where: str, max_keys: int | None = None

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+import functools
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from ..base import Conflict, Entry, FsStats, IsADir, NotADir, NotFound, NotSuppo
 from ._config import LIST_HEADS, PROBE_PREFIX
 from ._core import S3Base
 from ._errors import status_of, translate
+from ._meta import Meta
 
 
 class Reads(S3Base):
@@ -26,22 +28,32 @@ class Reads(S3Base):
             return self._dir_entry("")
         meta = self._head(path)
         if meta is not None:
-            return self._file_entry(split(path)[1], meta, self._mode_of(path, meta))
+            return self._file_entry(split(path)[1], meta, meta["attrs"])
         if self._is_dir(path):
-            return self._dir_entry(split(path)[1])
+            return self._dir_stat(path, split(path)[1])
         raise NotFound(f"{self._where(path)}: not found")
 
+    def _dir_stat(self, path: str, name: str) -> Entry:
+        got = self._dir_meta(path)
+        return self._dir_entry(name, *got) if got is not None else self._dir_entry(name)
+
     def list(self, path: str) -> builtins.list[Entry]:
+        """One level. Listings carry no user metadata: the attributes of an object come from
+        what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
+        each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
+        their marker's attributes the same way where the server keeps them."""
         try:
             res = obstore.list_with_delimiter(self._store, path or None)
         except Exception as exc:
             raise translate(exc, self._where(path)) from None
         cut = len(path) + 1 if path else 0
         out: dict[str, Entry] = {}
+        dirs: builtins.list[tuple[str, str]] = []
         for p in res["common_prefixes"]:
             name = p[cut:]
-            if name:
+            if name and not (not path and name.startswith(PROBE_PREFIX)):
                 out[name] = self._dir_entry(name)
+                dirs.append((name, p))
         has_marker = False
         unknown: builtins.list[tuple[str, Mapping[str, Any]]] = []
         for meta in res["objects"]:
@@ -52,42 +64,55 @@ class Reads(S3Base):
             name = p[cut:]
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
-            mode = self._known_mode(p, meta.get("e_tag") or "")
-            if mode is None and not self.list_heads:
-                mode = self.default_mode
-            if mode is None:
+            attrs = self._known_meta(p, self._token(meta))
+            if attrs is None and not self.list_heads:
+                attrs = Meta()
+            if attrs is None:
                 unknown.append((name, meta))
             else:
-                out[name] = self._file_entry(name, meta, mode)
-        for name, seen, mode in self._modes_of(unknown):
-            out[name] = self._file_entry(name, seen, mode)
+                out[name] = self._file_entry(name, meta, attrs)
+        heads = self.list_heads and dirs and self._marker_meta_kept()
+        for name, entry in self._heads(unknown, dirs if heads else []):
+            out[name] = entry
         if not out and not has_marker and path:
             if self._head(path) is not None:
                 raise NotADir(f"{self._where(path)}: not a directory")
             raise NotFound(f"{self._where(path)}: not found")
         return builtins.list(out.values())
 
-    def _modes_of(
-        self, listed: builtins.list[tuple[str, Mapping[str, Any]]]
-    ) -> builtins.list[tuple[str, Mapping[str, Any], int]]:
-        """The modes of listed objects this origin has not seen yet: one HEAD each, in
-        parallel (an object gone meanwhile is left out; one that changed keeps the listed
-        size and version, with the mode of what the HEAD saw: never wider than stored)."""
-        if not listed:
-            return []
+    def _heads(
+        self,
+        files: builtins.list[tuple[str, Mapping[str, Any]]],
+        dirs: builtins.list[tuple[str, str]],
+    ) -> builtins.list[tuple[str, Entry]]:
+        """The entries of listed objects this origin has not seen yet and of listed
+        directories (one HEAD each, in parallel). An object gone meanwhile is left out; one
+        that changed keeps the listed size and version, with the attributes the HEAD saw
+        (never a mode wider than stored)."""
 
-        def one(item: tuple[str, Mapping[str, Any]]) -> tuple[str, Mapping[str, Any], int] | None:
+        def file(item: tuple[str, Mapping[str, Any]]) -> tuple[str, Entry] | None:
             name, meta = item
             head = self._head(meta["path"])
             if head is None:
                 return None
-            return name, meta, self._mode_of(meta["path"], head)
+            return name, self._file_entry(name, meta, head["attrs"])
 
-        if len(listed) == 1:
-            found = [one(listed[0])]
+        def directory(item: tuple[str, str]) -> tuple[str, Entry] | None:
+            name, p = item
+            got = self._dir_meta(p)
+            return (name, self._dir_entry(name, *got)) if got is not None else None
+
+        jobs: builtins.list[Callable[[], tuple[str, Entry] | None]] = [
+            *(functools.partial(file, f) for f in files),
+            *(functools.partial(directory, d) for d in dirs),
+        ]
+        if not jobs:
+            return []
+        if len(jobs) == 1:
+            found = [jobs[0]()]
         else:
-            with ThreadPoolExecutor(min(LIST_HEADS, len(listed))) as pool:
-                found = builtins.list(pool.map(one, listed))
+            with ThreadPoolExecutor(min(LIST_HEADS, len(jobs))) as pool:
+                found = builtins.list(pool.map(lambda job: job(), jobs))
         return [f for f in found if f is not None]
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:

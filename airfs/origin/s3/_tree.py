@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import time
 
 import obstore
 
 from ..base import (
+    Conflict,
     Entry,
     Exists,
     Kind,
@@ -19,8 +21,7 @@ from ..base import (
     split,
 )
 from ._errors import translate
-from ._meta import MODE_ATTR
-from ._raw import quote
+from ._meta import Meta
 from ._reads import Reads
 
 
@@ -35,15 +36,21 @@ class Tree(Reads):
             raise NotADir(f"{self._where(parent)}: not a directory")
         raise NotFound(f"{self._where(parent)}: not found")
 
-    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+    def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        """Write the marker ``path/`` with the mode, owner and time in its metadata (kept
+        where the server keeps markers' metadata; elsewhere the directory shows 0o755)."""
         where = self._where(path)
         if not path:
             raise Exists(f"{where}: exists")
         self._parent_must_be_dir(path)
         if self._head(path) is not None or self._is_dir(path):
             raise Exists(f"{where}: exists")
-        self._put_marker(path)
-        return self._dir_entry(split(path)[1])
+        attrs = Meta(mode & 0o7777, uid, gid, time.time_ns())
+        self._put_marker(path, attrs)
+        kept = self._marker_meta_kept()
+        return self._dir_entry(split(path)[1], attrs if kept else None)
 
     def rmdir(self, path: str) -> None:
         where = self._where(path)
@@ -101,18 +108,21 @@ class Tree(Reads):
         strip = len(self.prefix) + 1 if self.prefix else 0
         moved: list[str] = []
         markers: list[str] = []
+        keep_meta = self._marker_meta_kept()
         try:
             for k in keys:
                 rel = k[strip:]  # relative to the origin root
                 new = dst + rel[len(src) :]
                 if k.endswith("/"):
                     if k != full_src:
-                        raw.request("PUT", self._key(new.rstrip("/")) + "/", self._where(new))
+                        got = self._dir_meta(rel.rstrip("/")) if keep_meta else None
+                        self._put_marker(new.rstrip("/"), got[0] if got else None)
                         markers.append(rel.rstrip("/"))
                     continue
-                obstore.copy(self._store, rel, new)
+                obstore.copy(self._store, rel, new)  # the metadata is copied
                 moved.append(rel)
-            self._put_marker(dst)
+            top = self._dir_meta(src) if keep_meta else None
+            self._put_marker(dst, top[0] if top else None)
             for i in range(0, len(moved), 1000):
                 obstore.delete(self._store, moved[i : i + 1000])
         except Exception as exc:
@@ -122,42 +132,97 @@ class Tree(Reads):
         if full_src in keys:
             self._delete_marker(src)
 
-    def symlink(self, path: str, target: str) -> Entry:
+    def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         raise NotSupported(f"{self._where(path)}: symbolic links are not supported on S3 origins")
 
-    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        """Store ``mode`` (a copy of the object onto itself with new metadata; the ETag may
-        change); ``mtime_ns`` is kept for the resulting version while the process runs (see
-        :meth:`_remember_attrs`); directories keep 0o755."""
-        entry = self.stat(path)
-        if entry.kind is not Kind.FILE:
-            return entry
-        if mode is not None and entry.mode != mode & 0o7777:
-            mode &= 0o7777
-            if entry.size > 5 << 30:
-                raise NotSupported(
-                    f"{self._where(path)}: changing the mode of an object over 5 GiB is not "
-                    "supported on S3 (it is a copy)"
-                )
-            raw = self._need_raw("changing a mode", path)
-            key = self._key(path)
-            headers = {
-                "x-amz-copy-source": "/"
-                + quote(self.bucket, safe="")
-                + "/"
-                + quote(key, safe="/~"),
-                "x-amz-metadata-directive": "REPLACE",
-                f"x-amz-meta-{MODE_ATTR}": f"{mode:o}",
-                # a version the caller did not see is not overwritten
-                "x-amz-copy-source-if-match": entry.version,
-            }
+    def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        raise NotSupported(
+            f"{self._where(path)}: special files (FIFOs, sockets, devices) are not supported "
+            "on S3 origins"
+        )
+
+    def set_attrs(
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
+    ) -> Entry:
+        """Store mode, owner and mtime in the object's metadata: a metadata-replacing copy
+        of the object onto itself, conditional on the ETag it had (a version the caller did
+        not see is never overwritten: :class:`Conflict`; the ETag stays, Last-Modified
+        changes). Objects over 5 GiB cannot be copied (:class:`NotSupported`). A directory's
+        marker is rewritten with the new metadata where the server keeps it (else nothing
+        changes). ``atime_ns`` is not kept (no ``atimes``); ``follow`` does not matter (no
+        symlinks)."""
+        if not path:
+            return self.stat(path)
+        meta = self._head(path)
+        if meta is None:
+            entry = self.stat(path)  # NotFound, or a directory
+            return self._set_dir_attrs(path, entry, mode, mtime_ns, uid, gid)
+        old: Meta = meta["attrs"]
+        entry = self._file_entry(split(path)[1], meta, old)
+        new = Meta(
+            entry.mode if mode is None else mode & 0o7777,
+            old.uid if uid is None else uid,
+            old.gid if gid is None else gid,
+            entry.mtime_ns if mtime_ns is None else mtime_ns,  # the copy keeps the mtime shown
+        )
+        if new == Meta(entry.mode, entry.uid, entry.gid, entry.mtime_ns):
+            return entry  # nothing changes
+        if entry.size > 5 << 30:
+            raise NotSupported(
+                f"{self._where(path)}: changing the attributes of an object over 5 GiB is not "
+                "supported on S3 (it is a copy)"
+            )
+        raw = self._need_raw("changing attributes", path)
+        key = self._key(path)
+        headers = {
+            "x-amz-copy-source": self._copy_source(path),
+            "x-amz-metadata-directive": "REPLACE",
+            "x-amz-copy-source-if-match": entry.version,
+            **new.headers(),
+        }
+        try:
             raw.request("PUT", key, self._where(path), headers=headers)
-            before = self._put_attrs.get(entry.version)
-            entry = self.stat(path)
-            if before is not None and mtime_ns is None:  # the copy keeps the mtime shown
-                self._remember_attrs(entry.version, entry.mode, before[0])
-                entry = self.stat(path)
-        if mtime_ns is not None:
-            self._remember_attrs(entry.version, entry.mode, mtime_ns)
-            entry = self.stat(path)
-        return entry
+        except Conflict:
+            raise Conflict(
+                f"{self._where(path)}: changed at the origin (version {entry.version} is gone)"
+            ) from None
+        return self.stat(path)
+
+    def _set_dir_attrs(
+        self,
+        path: str,
+        entry: Entry,
+        mode: int | None,
+        mtime_ns: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> Entry:
+        if not self._marker_meta_kept() or (mode, mtime_ns, uid, gid) == (None,) * 4:
+            return entry
+        new = Meta(
+            entry.mode if mode is None else mode & 0o7777,
+            entry.uid if uid is None else uid,
+            entry.gid if gid is None else gid,
+            entry.mtime_ns if mtime_ns is None else mtime_ns,
+        )
+        self._put_marker(path, new)
+        return self.stat(path)

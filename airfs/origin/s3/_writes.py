@@ -6,10 +6,11 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import time
 import uuid
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import obstore
 import obstore.exceptions as oe
@@ -31,7 +32,7 @@ from ..base import (
 from ._config import PROBE_PREFIX, MiB
 from ._core import S3Base
 from ._errors import translate
-from ._meta import MODE_ATTR
+from ._meta import Meta
 
 
 class Writes(S3Base):
@@ -110,10 +111,13 @@ class Writes(S3Base):
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
-        """See :meth:`Origin.put`: the mode travels in the object's metadata, so the object
-        never exists without it (``mode`` None keeps the replaced object's mode); ``mtime_ns``
-        is not kept (S3 sets Last-Modified)."""
+        """See :meth:`Origin.put`: mode, owner and mtime travel in the object's metadata
+        (:mod:`._meta`), so the object never exists without them. ``mode``/``uid``/``gid``
+        None keep the replaced object's (the default mode and no owner for a new one);
+        ``mtime_ns`` None stores the time of the put."""
         where = self._where(path)
         if not path:
             raise IsADir(f"{where}: is a directory")
@@ -123,54 +127,67 @@ class Writes(S3Base):
             raise from_oserror(exc, source) from None
         if self._is_dir(path):
             raise IsADir(f"{where}: is a directory")
-        if mode is None:
+        if mode is None or uid is None or gid is None:
             cur = self._head(path)
-            mode = self._mode_of(path, cur) if cur is not None else self.default_mode
-        mode &= 0o7777
-        attributes = {MODE_ATTR: f"{mode:o}"}
+            old: Meta = cur["attrs"] if cur is not None else Meta()
+            mode = (self.default_mode if old.mode is None else old.mode) if mode is None else mode
+            uid = old.uid if uid is None else uid
+            gid = old.gid if gid is None else gid
+        attrs = Meta(mode & 0o7777, uid, gid, time.time_ns() if mtime_ns is None else mtime_ns)
         single = size <= self.single_put_max
-        cond: Any = None
+        cond: PutMode | None = None
         if if_match is not None:
             if single and self.conditional_writes():
                 cond = "create" if if_match == "" else {"e_tag": if_match}
             else:
                 self._check_precondition(path, if_match)
         try:
-            if single:
-                res = obstore.put(
-                    self._store,
-                    path,
-                    Path(source),
-                    mode=cond,
-                    use_multipart=False,
-                    attributes=attributes,
-                )
-            else:
-                # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
-                part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
-                res = obstore.put(
-                    self._store,
-                    path,
-                    Path(source),
-                    use_multipart=True,
-                    chunk_size=part,
-                    max_concurrency=self.put_concurrency,
-                    attributes=attributes,
-                )
+            etag = self._put_object(path, Path(source), size, attrs, cond)
         except Exception as exc:
             err = translate(exc, where)
             if isinstance(err, Conflict) or (isinstance(err, NotFound) and if_match):
                 what = "exists" if if_match == "" else "changed at the origin since it was opened"
                 raise Conflict(f"{where}: {what}") from None
             raise err from None
-        etag = res.get("e_tag") or ""
-        self._remember(path, etag, mode)
-        self._remember_attrs(etag, mode, mtime_ns)
+        return self._written(path, etag, size, attrs)
+
+    def _put_object(
+        self, path: str, body: Path | bytes, size: int, attrs: Meta, cond: PutMode | None
+    ) -> str:
+        """One PUT (up to ``single_put_max``, conditional with ``cond``) or a multipart
+        upload (never conditional) of ``body`` with ``attrs``; returns the new ETag. Raises
+        obstore's exceptions."""
+        if size <= self.single_put_max:
+            res = obstore.put(
+                self._store,
+                path,
+                body,
+                mode=cond,
+                use_multipart=False,
+                attributes=attrs.attributes(),
+            )
+        else:
+            # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
+            part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
+            res = obstore.put(
+                self._store,
+                path,
+                body,
+                use_multipart=True,
+                chunk_size=part,
+                max_concurrency=self.put_concurrency,
+                attributes=attrs.attributes(),
+            )
+        return res.get("e_tag") or ""
+
+    def _written(self, path: str, etag: str, size: int, attrs: Meta) -> Entry:
+        """The entry of what this origin just wrote at ``path`` (a HEAD; if the object has
+        already changed again, the entry of what was written)."""
         meta = self._head(path)
         if meta is not None and (meta.get("e_tag") or "") == etag:
-            return self._file_entry(split(path)[1], meta, self._mode_of(path, meta))
+            return self._file_entry(split(path)[1], meta, meta["attrs"])
         return self._file_entry(
-            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}, mode
+            split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}, attrs
         )
 
     def delete(self, path: str) -> None:
