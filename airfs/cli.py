@@ -1,4 +1,4 @@
-"""``airfs``: mount, umount, status, warm, flush.
+"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
 writes still pending (they stay in the journal and commit at the next mount).
@@ -704,6 +704,10 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS")
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
+
+    from airfs.catalog.cli import register as register_catalog
+
+    register_catalog(sub)
     return p
 
 
