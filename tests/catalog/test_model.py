@@ -191,7 +191,9 @@ def build(facts: list[Fact], grantable: bool = True) -> Metastore:
     return m
 
 
-def ref_has(facts: list[Fact], principals: frozenset[str], priv: Privilege, obj: tuple[str, ...]) -> bool:
+def ref_has(
+    facts: list[Fact], principals: frozenset[str], priv: Privilege, obj: tuple[str, ...]
+) -> bool:
     """Unity Catalog, literally: a privilege held on the object or any container of it;
     ownership of either gives all (an object has one owner: the last one set); ALL
     PRIVILEGES gives all but MANAGE."""

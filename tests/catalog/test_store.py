@@ -97,7 +97,7 @@ def test_a_lost_race_is_reapplied_not_lost(origin_spec: OriginSpec) -> None:
     setup(store)
     other = CatalogStore(origin_spec.view)
     real_put = store._put
-    raced = []
+    raced: list[Any] = []
 
     def put(meta: Metastore, if_match: str) -> None:
         if not raced:
