@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import trio
 
+from airfs.catalog.service import CatalogService
 from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
 from airfs.origin.aio import AsyncOrigin
@@ -42,6 +43,8 @@ class Built:
     fs: Filesystem
     recovery: RecoveryReport
     nursery: trio.Nursery
+    #: the governed-volumes catalog of the origin (ungoverned while the origin has none)
+    catalog: CatalogService
 
 
 async def _direct(origin: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
@@ -86,6 +89,7 @@ async def build(
         nursery = await stack.enter_async_context(trio.open_nursery())
         stack.callback(nursery.cancel_scope.cancel)
         rp = await readpath(aorigin, nursery)
+        catalog = CatalogService(origin, ttl, via=aorigin, tmp_dir=cache_dir)
 
         async def close_readpath() -> None:
             with trio.CancelScope(shield=True):
@@ -106,4 +110,4 @@ async def build(
         )
         if upload:
             await nursery.start(uploader.run)
-        yield Built(aorigin, root, rp, area, uploader, fs, report, nursery)
+        yield Built(aorigin, root, rp, area, uploader, fs, report, nursery, catalog)

@@ -27,11 +27,13 @@ from typing import Any
 import trio
 
 from airfs.build import build
+from airfs.catalog.service import CatalogService
 from airfs.control.auth import Caller, MountOwner
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.scope import ScopedOrigin
 from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
+from airfs.core.context import Caller as CoreCaller
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse import DEFAULT_TRANSPORT
@@ -287,6 +289,7 @@ class Daemon:
         self.prefetcher: BackgroundPrefetch
         self.read_ahead = False
         self.transport: Transport | None = None
+        self.catalog_service: CatalogService
         #: who owns every object as the mount reports it (see Filesystem's ``owner``)
         self.owner = MountOwner(os.getuid(), os.getgid())
 
@@ -307,7 +310,16 @@ class Daemon:
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics(),
             "fuse": self.transport.statistics() if self.transport is not None else None,
+            "catalog": self.catalog_service.statistics(),
         }
+
+    async def catalog(self, caller: Caller, command: str, args: dict[str, Any]) -> Any:
+        """A catalog command from the control socket, run with the caller's identity."""
+        return await self.catalog_service.command(_core(caller), command, args)
+
+    async def govern(self, caller: Caller, op: str, path: str) -> None:
+        """The catalog's check of a control request (``warm``, ``prefetch``, ``flush``)."""
+        await self.catalog_service.check_control(_core(caller), op, path)
 
     def _privileged(self, caller: Caller) -> bool:
         return caller.uid in (0, os.geteuid())
@@ -431,6 +443,7 @@ class Daemon:
             ) as built:
                 self.origin, self.readpath, self.area = built.origin, built.readpath, built.area
                 self.fs, self.uploader = built.fs, built.uploader
+                self.catalog_service = built.catalog
                 if built.recovery.replayed:
                     log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
                 code = await self._serve(ready, built.root)
@@ -554,6 +567,10 @@ class Daemon:
                 await trio.to_thread.run_sync(self.area.journal.sync)
             except OSError as exc:
                 log.error("journal sync failed: %s", exc)
+
+
+def _core(caller: Caller) -> CoreCaller:
+    return CoreCaller(caller.uid, caller.gid, caller.pid, caller.groups)
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

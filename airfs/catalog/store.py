@@ -10,7 +10,8 @@ conditional writes the origin checks the tag with a HEAD just before the upload 
 documented race); :attr:`CatalogStore.conditional` tells which.
 
 :class:`CatalogStore` is synchronous (call it from a worker thread); :class:`CatalogCache`
-is its trio face for the daemon, reloading at most once per TTL.
+is its trio face for the daemon, reloading at most once per TTL (through the mount's
+:class:`~airfs.origin.aio.AsyncOrigin` when given: its retries and statistics).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import trio
 
+from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Exists, NotFound, Origin, OriginError
 
 from .commands import READ_ONLY, apply
@@ -149,7 +151,8 @@ class CacheStats:
     serial: int | None
     loads: int
     load_errors: int
-    age_s: float
+    #: seconds since the last reload (None: never loaded)
+    age_s: float | None
 
 
 class CatalogCache:
@@ -158,12 +161,14 @@ class CatalogCache:
     document read keeps being used and the failure is logged; a damaged document denies
     everything but admins (:attr:`damaged`)."""
 
-    def __init__(self, store: CatalogStore, ttl: float) -> None:
+    def __init__(self, store: CatalogStore, ttl: float, *, via: AsyncOrigin | None = None) -> None:
         self.store = store
+        self.via = via
         self.ttl = ttl
         self.meta: Metastore | None = None
         self.damaged: str | None = None
         self._loaded_at = -1e18
+        self._read_at = -1.0
         self._lock = trio.Lock()
         self._loads = 0
         self._errors = 0
@@ -181,7 +186,11 @@ class CatalogCache:
 
     async def reload(self) -> None:
         try:
-            meta, _version = await trio.to_thread.run_sync(self.store.load, abandon_on_cancel=True)
+            if self.via is not None:  # the mount's retry policy and origin statistics
+                loaded = await self.via.call(self.store.load, what="catalog load", op="catalog")
+            else:
+                loaded = await trio.to_thread.run_sync(self.store.load, abandon_on_cancel=True)
+            meta, _version = loaded
         except CatalogDamaged as exc:
             if self.damaged != str(exc):
                 log.error("%s; only admins get through until it is repaired", exc)
@@ -196,7 +205,7 @@ class CatalogCache:
                 log.info("catalog %s", "found: governance on" if meta else "gone: governance off")
             self.meta = meta
         self._loads += 1
-        self._loaded_at = time.monotonic()
+        self._loaded_at = self._read_at = time.monotonic()
 
     def invalidate(self) -> None:
         """Reload at the next :meth:`current` (after a change made through this daemon)."""
@@ -208,5 +217,5 @@ class CatalogCache:
             serial=self.meta.serial if self.meta is not None else None,
             loads=self._loads,
             load_errors=self._errors,
-            age_s=round(max(0.0, time.monotonic() - self._loaded_at), 3),
+            age_s=round(time.monotonic() - self._read_at, 3) if self._read_at >= 0 else None,
         )
