@@ -27,6 +27,7 @@ from typing import Any
 import trio
 
 from airfs.build import build
+from airfs.catalog.model import RESERVED
 from airfs.catalog.service import CatalogService
 from airfs.control.auth import Caller, MountOwner
 from airfs.control.protocol import SocketDirError, socket_path
@@ -348,6 +349,9 @@ class Daemon:
         self, paths: list[str], jobs: int, progress: Progress, caller: Caller
     ) -> dict[str, Any]:
         """Warm ``paths`` (already authorised); below them only what ``caller`` may read."""
+        if "" in paths:  # the whole mount: all but the catalog's own files
+            top = await self.origin.list("")
+            paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
         if caller.uid == 0:
             return await warm(
                 self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
