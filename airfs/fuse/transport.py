@@ -50,7 +50,7 @@ class Pyfuse3Transport:
         from airfs.fuse.ops import FuseOps
 
         self.ops = FuseOps(fs, ttl, on_init=on_init)
-        self.options = {"fsname=" + fsname, "subtype=airfs", "default_permissions"}
+        self.options = {"fsname=" + fsname, "subtype=airfs", "default_permissions", "noatime"}
         if allow_other:
             self.options.add("allow_other")
         if debug:

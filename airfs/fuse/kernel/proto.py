@@ -184,6 +184,7 @@ WRITE_OUT = struct.Struct("<II")  # size padding
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
 MKDIR_IN = struct.Struct("<II")  # mode umask
 MKNOD_IN = struct.Struct("<IIII")  # mode rdev umask padding
+LINK_IN = struct.Struct("<Q")  # oldnodeid
 RENAME_IN = struct.Struct("<Q")  # newdir
 RENAME2_IN = struct.Struct("<QII")  # newdir flags padding
 FORGET_IN = struct.Struct("<Q")  # nlookup
@@ -315,9 +316,11 @@ def _split(seconds: float) -> tuple[int, int]:
 
 
 def _attr_fields(a: Attr) -> tuple[int, ...]:
-    sec, nsec = divmod(a.mtime_ns, 1_000_000_000)
-    return (a.ino, a.size, a.blocks, sec, sec, sec, nsec, nsec, nsec, a.mode, a.nlink, a.uid,
-            a.gid, 0, BLKSIZE, 0)  # fmt: skip
+    asec, ansec = divmod(a.atime_ns, 1_000_000_000)
+    msec, mnsec = divmod(a.mtime_ns, 1_000_000_000)
+    csec, cnsec = divmod(a.ctime_ns, 1_000_000_000)
+    return (a.st_ino, a.size, a.blocks, asec, msec, csec, ansec, mnsec, cnsec, a.mode, a.nlink,
+            a.uid, a.gid, a.rdev & 0xFFFFFFFF, BLKSIZE, 0)  # fmt: skip
 
 
 def entry_out(a: Attr, entry_ttl: float, attr_ttl: float) -> bytes:
@@ -365,7 +368,7 @@ def dirent(ino: int, next_off: int, name_b: bytes, mode: int) -> bytes:
 
 def direntplus(a: Attr, next_off: int, name_b: bytes, ttl: float) -> bytes:
     """One ``fuse_direntplus``: an entry (the kernel takes a lookup reference) + a dirent."""
-    return entry_out(a, ttl, ttl) + dirent(a.ino, next_off, name_b, a.mode)
+    return entry_out(a, ttl, ttl) + dirent(a.st_ino, next_off, name_b, a.mode)
 
 
 def inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:
