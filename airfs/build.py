@@ -75,7 +75,11 @@ async def build(
 
     Raises :class:`~airfs.writeback.journal.JournalDamaged` when the journal cannot be
     trusted (see :func:`airfs.writeback.recovery.recover`), and the origin's errors when its
-    root cannot be read. ``upload=False`` (tests) leaves the uploader stopped."""
+    root cannot be read. ``upload=False`` (tests) leaves the uploader stopped.
+
+    ``guard`` None: the origin's catalog governs (:class:`~airfs.catalog.service.CatalogService`;
+    while the origin has none, everything is allowed but its reserved name, and an
+    ``airfs catalog init`` made later takes effect within the TTL, without a remount)."""
     async with contextlib.AsyncExitStack() as stack:
         aorigin = AsyncOrigin(origin, attempts=attempts)
         root = await aorigin.stat("")
@@ -108,7 +112,7 @@ async def build(
             owner=owner or Owner(os.getuid(), os.getgid()),
             write_wait_s=write_wait,
             allow_devices=allow_devices,
-            guard=guard,
+            guard=catalog.guard if guard is None else guard,
         )
         uploader = Uploader(
             area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from airfs.core.context import Caller, groups_of
 
-from .model import RESERVED, Decision, Who, allowed, split_path, visible, who
+from .model import OK, RESERVED, Decision, Who, allowed, split_path, visible, who
 from .store import CacheStats, CatalogCache
 
 log = logging.getLogger(__name__)
@@ -89,23 +89,38 @@ class CatalogGuard:
         self._by_op: collections.Counter[str] = collections.Counter()
         self._by_priv: collections.Counter[str] = collections.Counter()
         self._logged: dict[tuple[object, ...], float] = {}
+        self._who: dict[tuple[object, ...], tuple[float, Who]] = {}
 
     def who(self, caller: Caller) -> Who:
+        """The caller's principals (remembered for a second per process and catalog: the
+        groups of a process are read from /proc)."""
+        meta = self.cache.meta
+        key = (caller.uid, caller.gid, caller.pid, caller.groups, id(meta))
+        now = time.monotonic()
+        hit = self._who.get(key)
+        if hit is not None and now - hit[0] < 1.0:
+            return hit[1]
         gids = {caller.gid, *caller.groups, *groups_of(caller.pid)}
-        return who(
-            self.cache.meta,
+        w = who(
+            meta,
             self.names.user(caller.uid),
             [self.names.group(g) for g in gids],
             is_root=caller.uid == 0,
         )
+        if len(self._who) > 4096:
+            self._who.clear()
+        self._who[key] = (now, w)
+        return w
 
     def decide(self, caller: Caller, op: str, path: str) -> Decision:
         """The decision on the catalog as cached now (no reload)."""
+        reserved = path == RESERVED or path.startswith(RESERVED + "/")
+        if reserved:
+            return Decision(errno.ENOENT, "", f"{RESERVED} is reserved for the catalog")
         if self.cache.damaged is not None and caller.uid != 0:
-            parts = split_path(path)
-            if parts and parts[0] == RESERVED:
-                return Decision(errno.ENOENT, "", "reserved")
             return Decision(errno.EACCES, "", f"the catalog is damaged: {self.cache.damaged}")
+        if self.cache.meta is None:
+            return OK  # no catalog: no governance (and no principals to look up)
         return allowed(self.cache.meta, self.who(caller), op, path)
 
     async def check(self, caller: Caller, op: str, path: str) -> None:
@@ -121,8 +136,12 @@ class CatalogGuard:
         raise OSError(d.errno, denial_message(d, op, path))
 
     def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
+        if not dir_path and name == RESERVED:
+            return False
         if self.cache.damaged is not None and caller.uid != 0:
             return False
+        if self.cache.meta is None or dir_path.count("/") >= 2:
+            return True  # ungoverned, or inside a volume (its listing was allowed)
         return visible(self.cache.meta, self.who(caller), dir_path, name)
 
     def denied(self, caller: Caller, op: str, path: str, d: Decision) -> None:

@@ -81,6 +81,7 @@ def people() -> Iterator[People]:
 PRELUDE = """
 import errno, json, os, sys, time, contextlib, io
 import encodings.unicode_escape, socket, struct, argparse, gettext, shutil, grp, pwd, textwrap
+import mmap, subprocess
 from airfs import cli
 from airfs.control import client
 import airfs.catalog.cli, airfs.catalog.explain
@@ -109,9 +110,11 @@ def airfs(*argv):
 def attempt(fn, *a, **kw):
     try:
         r = fn(*a, **kw)
-        return ["ok", r if isinstance(r, (str, int, list, type(None))) else None]
+        return ["ok", r if isinstance(r, (str, int, float, list, type(None))) else None]
     except OSError as exc:
         return [errno.errorcode.get(exc.errno, str(exc.errno)), str(exc)]
+    except Exception as exc:
+        return [type(exc).__name__, str(exc)]
 """
 
 
@@ -121,7 +124,7 @@ def run_as(user: User, mp: Path, code: str, *, imports: str = "", timeout: float
     script += f"MP = {str(mp)!r}\n" + textwrap.dedent(code)
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                        timeout=timeout)  # fmt: skip
-    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.returncode == 0, f"exit {p.returncode}: " + p.stderr[-3000:] + p.stdout[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
