@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from airfs.catalog.cli import register as register_catalog
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
 from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
@@ -711,9 +712,6 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS")
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
-
-    from airfs.catalog.cli import register as register_catalog
-
     register_catalog(sub)
     return p
 
