@@ -90,6 +90,8 @@ class CatalogGuard:
         self._by_priv: collections.Counter[str] = collections.Counter()
         self._logged: dict[tuple[object, ...], float] = {}
         self._who: dict[tuple[object, ...], tuple[float, Who]] = {}
+        self._decided: dict[tuple[object, ...], Decision] = {}
+        self._decided_on: object = None
 
     def who(self, caller: Caller) -> Who:
         """The caller's principals (remembered for a second per process and catalog: the
@@ -119,9 +121,23 @@ class CatalogGuard:
             return Decision(errno.ENOENT, "", f"{RESERVED} is reserved for the catalog")
         if self.cache.damaged is not None and caller.uid != 0:
             return Decision(errno.EACCES, "", f"the catalog is damaged: {self.cache.damaged}")
-        if self.cache.meta is None:
+        meta = self.cache.meta
+        if meta is None:
             return OK  # no catalog: no governance (and no principals to look up)
-        return allowed(self.cache.meta, self.who(caller), op, path)
+        if meta is not self._decided_on:  # a new catalog: forget the old answers
+            self._decided.clear()
+            self._decided_on = meta
+        w = self.who(caller)
+        parts = path.split("/", 3)
+        # the answer depends only on the first three names and whether there is more
+        key = (w, op, tuple(parts[:3]), len(parts))
+        d = self._decided.get(key)
+        if d is None:
+            d = allowed(meta, w, op, path)
+            if len(self._decided) > 65536:
+                self._decided.clear()
+            self._decided[key] = d
+        return d
 
     async def check(self, caller: Caller, op: str, path: str) -> None:
         """Return if ``caller`` may do ``op`` on ``path``; else count, log and raise

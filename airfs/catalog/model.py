@@ -72,6 +72,7 @@ class Privilege(enum.Enum):
 
 
 P = Privilege
+EVERY = frozenset(P)
 #: what ``ALL PRIVILEGES`` stands for (not MANAGE, as in Unity Catalog)
 ALL = frozenset(set(P) - {P.MANAGE, P.ALL_PRIVILEGES})
 #: what may be granted on an object of each level (1 catalog, 2 schema, 3 volume)
@@ -254,11 +255,11 @@ def privileges(meta: Metastore, w: Who, names: tuple[str, ...]) -> frozenset[Pri
     if path is None:
         return None
     if is_admin(meta, w):
-        return frozenset(P)
+        return EVERY
     held: set[Privilege] = set()
     for obj in path:
         if obj.owner in w.principals:
-            return frozenset(P)
+            return EVERY
         for p in w.principals:
             held |= obj.grants.get(p, set())
     if P.ALL_PRIVILEGES in held:

@@ -81,6 +81,8 @@ r = {
     "rmdir_volume": attempt(os.rmdir, V),
     "rename_volume": attempt(os.rename, V, MP + "/main/raw/other"),
     "touch_schema": attempt(wr, MP + "/main/raw/file.bin"),
+    "cache_dir": attempt(os.listdir, CACHE),
+    "cache_index": attempt(os.listdir, CACHE + "/blocks"),
 }
 print(json.dumps(r))
 """
@@ -88,8 +90,10 @@ print(json.dumps(r))
 
 def test_every_operation_class_as_the_grants_say(gsite: Site, folks: People) -> None:
     mp = gsite.nodes[0].mountpoint
-    a = run_as(folks.alice, mp, PROBE)
-    b = run_as(folks.bob, mp, PROBE)
+    cache = gsite.nodes[0].cache_dir
+    probe = f"CACHE = {str(cache)!r}\n" + PROBE
+    a = run_as(folks.alice, mp, probe)
+    b = run_as(folks.bob, mp, probe)
     for r in (a, b):
         assert r["root"] == ["ok", ["main"]], r  # no stray name, no .airfs-catalog
         assert r["schema"] == ["ok", ["images", "secret"]]
@@ -97,6 +101,7 @@ def test_every_operation_class_as_the_grants_say(gsite: Site, folks: People) -> 
         assert r["read"] == ["ok", 5000] and r["mmap"] == ["ok", 5000]
         assert r["secret_read"][0] == "EACCES" and r["secret_list"][0] == "EACCES"
         assert r["secret_create"][0] == "EACCES"
+        assert r["cache_dir"][0] == "EACCES" and r["cache_index"][0] == "EACCES"
         for k in ("mkdir_catalog", "mkdir_schema", "mkdir_volume", "rmdir_volume",
                   "rename_volume", "touch_schema"):  # fmt: skip
             # the levels are 0755 root's: the kernel's mode check refuses first (EACCES)
