@@ -154,11 +154,13 @@ def test_control_checks_and_why() -> None:
             assert e.value.errno == code, (op, path)
         await s.check_control(ROOT_CALLER, "warm", "")
         out = await s.command(NOBODY, "why", {"path": "main/raw/v/f", "access": "read"})
-        assert out == {"governed": True, "volume": "main.raw.v",
-                       "missing": "READ VOLUME on volume main.raw.v", "errno": errno.EACCES}  # fmt: skip
+        missing = "READ VOLUME on volume main.raw.v"
+        assert out == {"governed": True, "volume": "main.raw.v", "missing": missing,
+                       "errno": errno.EACCES}  # fmt: skip
         with pytest.raises(OSError) as e:
-            await s.command(NOBODY, "grant", {"privilege": "READ VOLUME", "type": "volume",
-                                              "name": "main.raw.v", "principal": "nobody"})  # fmt: skip
+            args = {"privilege": "READ VOLUME", "type": "volume", "name": "main.raw.v",
+                    "principal": "nobody"}  # fmt: skip
+            await s.command(NOBODY, "grant", args)
         assert e.value.errno == errno.EACCES and "lacks MANAGE" in str(e.value)
         assert s.guard.statistics().denied_by_op["catalog grant"] == 1
 
