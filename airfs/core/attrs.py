@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import stat
 from dataclasses import dataclass
 
@@ -42,9 +41,9 @@ class Owner:
 @dataclass(frozen=True, slots=True)
 class Attr:
     """``stat`` of one inode. ``mode`` includes the file-type bits. ``atime_ns`` and
-    ``ctime_ns`` default to ``mtime_ns`` where nothing else is known. ``ino`` is the node id
-    the kernel knows the inode by; ``st_ino`` is what ``stat`` reports (``file_ino``, when
-    set: see :data:`LINKED_INO`)."""
+    ``ctime_ns`` default to ``mtime_ns`` where nothing else is known. ``ino`` is both the
+    node id the kernel knows the inode by and its ``st_ino`` (the names of a hard-linked file
+    share one node: :class:`~airfs.core.inodes.InodeTable`)."""
 
     ino: int
     mode: int
@@ -56,11 +55,6 @@ class Attr:
     atime_ns: int = -1
     ctime_ns: int = -1
     rdev: int = 0
-    file_ino: int = 0
-
-    @property
-    def st_ino(self) -> int:
-        return self.file_ino or self.ino
 
     def __post_init__(self) -> None:
         if self.atime_ns < 0:
@@ -101,24 +95,15 @@ def attr_of(
     )
 
 
-#: ``st_ino`` of files with several names: the origin's file number in a range of its own
-#: (never one of the mount's inode numbers), so that tools that find hard links by
-#: ``(st_dev, st_ino)`` (``cp -a``, ``rsync -H``, ``tar``) see them, and never see others
-LINKED_INO = 1 << 62
-
-
 def attr_of_entry(ino: int, entry: Entry, owner: Owner) -> Attr:
     """The attributes of an origin entry; ``owner`` applies where the origin keeps none."""
-    file_ino = 0
-    if entry.nlink > 1 and entry.ino and entry.kind is not Kind.DIR:
-        file_ino = LINKED_INO | (entry.ino & (LINKED_INO - 1))
     if entry.uid is not None or entry.gid is not None:
         owner = Owner(
             entry.uid if entry.uid is not None else owner.uid,
             entry.gid if entry.gid is not None else owner.gid,
         )
     nlink = entry.nlink if entry.kind is not Kind.DIR or entry.nlink >= 2 else 2
-    a = attr_of(
+    return attr_of(
         ino,
         entry.kind,
         entry.size,
@@ -130,4 +115,3 @@ def attr_of_entry(ino: int, entry: Entry, owner: Owner) -> Attr:
         ctime_ns=entry.ctime_ns,
         rdev=entry.rdev,
     )
-    return dataclasses.replace(a, file_ino=file_ino) if file_ino else a

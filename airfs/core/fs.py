@@ -337,6 +337,8 @@ class Filesystem:
         self.listings.record(path, entry)
         node = self.inodes.at(path)
         if node is not None:
+            if node.aliases:
+                self.inodes.split(node)  # a new file at this name: the other names part
             node.entry = entry
             node.fetched = time.monotonic()
             if node.cached_version == f"staged:{st.id}" and not st.dirty:
@@ -382,7 +384,7 @@ class Filesystem:
                 if self.area.get(path) is not None:  # created while we asked
                     return await self.lookup(parent_ino, name)
                 if node is not None and node.opens == 0:
-                    self.inodes.detach(node)
+                    self.inodes.unlink_name(path)
                 raise _err(errno.ENOENT, f"{path}: no such file or directory")
             node = self.inodes.bind(path, entry.kind, entry, t0)
         node.lookups += 1
@@ -623,7 +625,9 @@ class Filesystem:
         self._dir_changed(path)
         node = self.inodes.at(path)
         if node is not None:
-            self.inodes.detach(node)
+            self.inodes.unlink_name(path)
+            if node.path is not None:  # the file's other names: its link count moved
+                node.fetched = 0.0
 
     @counted
     async def rename(
@@ -649,6 +653,9 @@ class Filesystem:
         await self._check("rename_to", new)
         if old == new:
             return
+        same = self.inodes.at(old)
+        if same is not None and same is self.inodes.at(new) and same.kind is not Kind.DIR:
+            return  # two names of one file: rename(2) does nothing
         held = self.area.hold(old, new)  # no commit starts on these names meanwhile
         try:
             await self._settle(old)
@@ -791,11 +798,13 @@ class Filesystem:
         self._dir_changed(dst)
         self.listings.record(dst, entry)
         if caps.hard_links:
-            fresh = await self._stat(src)  # its link count and ctime moved
-            if fresh is not None:
-                node.entry, node.fetched = fresh, time.monotonic()
-                self.listings.record(src, fresh)
-        new = self.inodes.bind(dst, entry.kind, entry)
+            # one file, one node: the kernel sees the new name as the same inode
+            node.entry, node.fetched = entry, time.monotonic()
+            self.listings.record(src, entry)
+            self.inodes.alias(dst, node)
+            node.lookups += 1
+            return self._entry_attr(node, entry)
+        new = self.inodes.bind(dst, entry.kind, entry)  # a copy: a file of its own
         new.lookups += 1
         return self._entry_attr(new, entry)
 

@@ -367,11 +367,11 @@ class PosixOrigin:
                     # the directory's times as they were before our temporary appeared, or as
                     # set since (a tool setting them, e.g. cp -a): put back after the rename
                     now = os.fstat(d)
-                    keep = before if now.st_mtime_ns == made else now
+                    times = before if now.st_mtime_ns == made else now
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
                     if cur is None:
                         with contextlib.suppress(OSError):
-                            os.utime(d, ns=(keep.st_atime_ns, keep.st_mtime_ns))
+                            os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
                     st = os.fstat(dst)
                 finally:
                     os.close(dst)

@@ -27,8 +27,10 @@ from airfs.origin.base import (
     NotADir,
     NotEmpty,
     NotFound,
+    NotSupported,
     Origin,
     OriginError,
+    PermissionDenied,
     check_rename_target,
     split,
 )
@@ -42,13 +44,22 @@ class _Obj:
     mode: int = 0o644
     mtime_ns: int = 0
     version: str = ""
+    uid: int | None = None
+    gid: int | None = None
 
 
 class MemoryOrigin:
-    """A thread-safe origin held in a dict. Versions are a global counter."""
+    """A thread-safe origin held in a dict. Versions are a global counter. Owners are kept
+    (None until given); ``link`` is a create-if-absent copy (as on S3); no special files."""
 
     capabilities = Capabilities(
-        pin=False, conditional_put=True, symlinks=True, modes=True, mtimes=True
+        pin=False,
+        conditional_put=True,
+        symlinks=True,
+        modes=True,
+        mtimes=True,
+        owners=True,
+        link_copies=True,
     )
 
     def check_name(self, path: str) -> None:
@@ -64,7 +75,9 @@ class MemoryOrigin:
 
     def _entry(self, path: str, o: _Obj) -> Entry:
         size = len(o.data) if o.kind is Kind.FILE else len(o.target)
-        return Entry(split(path)[1], o.kind, size, o.mtime_ns, o.mode, o.version)
+        return Entry(
+            split(path)[1], o.kind, size, o.mtime_ns, o.mode, o.version, uid=o.uid, gid=o.gid
+        )
 
     def _get(self, path: str) -> _Obj:
         o = self._objs.get(path)
@@ -122,10 +135,14 @@ class MemoryOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
         with open(source, "rb") as f:
             data = f.read()
-        return self.put_bytes(path, data, if_match, mode=mode, mtime_ns=mtime_ns)
+        return self.put_bytes(
+            path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
+        )
 
     def put_bytes(
         self,
@@ -135,6 +152,8 @@ class MemoryOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
         """Like :meth:`put`, from bytes (handy in tests)."""
         with self._lock:
@@ -151,6 +170,9 @@ class MemoryOrigin:
             o = self._new(Kind.FILE, data=bytes(data), mode=mode & 0o7777)
             if mtime_ns is not None:
                 o.mtime_ns = mtime_ns
+            old = cur if cur is not None and cur.kind is Kind.FILE else None
+            o.uid = uid if uid is not None else (old.uid if old is not None else None)
+            o.gid = gid if gid is not None else (old.gid if old is not None else None)
             self._objs[path] = o
             return self._entry(path, o)
 
@@ -161,13 +183,15 @@ class MemoryOrigin:
                 raise IsADir(f"{path}: is a directory")
             del self._objs[path]
 
-    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+    def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         with self._lock:
             self.calls["mkdir"] += 1
             self._parent_dir(path)
             if path in self._objs:
                 raise Exists(f"{path}: exists")
-            o = self._new(Kind.DIR, mode=mode & 0o7777)
+            o = self._new(Kind.DIR, mode=mode & 0o7777, uid=uid, gid=gid)
             self._objs[path] = o
             return self._entry(path, o)
 
@@ -210,15 +234,44 @@ class MemoryOrigin:
             for p, o in moved.items():
                 self._objs[dst + p[len(src) :]] = o
 
-    def symlink(self, path: str, target: str) -> Entry:
+    def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         with self._lock:
             self.calls["symlink"] += 1
             self._parent_dir(path)
             if path in self._objs:
                 raise Exists(f"{path}: exists")
-            o = self._new(Kind.SYMLINK, target=target, mode=0o777)
+            o = self._new(Kind.SYMLINK, target=target, mode=0o777, uid=uid, gid=gid)
             self._objs[path] = o
             return self._entry(path, o)
+
+    def link(self, src: str, dst: str) -> Entry:
+        """A create-if-absent copy of file ``src`` (bytes, mode, owner, mtime) at ``dst``."""
+        with self._lock:
+            self.calls["link"] += 1
+            s = self._get(src)
+            if s.kind is Kind.DIR:
+                raise PermissionDenied(f"{src}: is a directory", errno.EPERM)
+            self._parent_dir(dst)
+            if dst in self._objs:
+                raise Exists(f"{dst}: exists")
+            o = self._new(s.kind, data=s.data, target=s.target, mode=s.mode, uid=s.uid, gid=s.gid)
+            o.mtime_ns = s.mtime_ns
+            self._objs[dst] = o
+            return self._entry(dst, o)
+
+    def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        raise NotSupported(f"{path}: no special files in the memory origin")
 
     def readlink(self, path: str) -> str:
         with self._lock:
@@ -227,11 +280,26 @@ class MemoryOrigin:
                 raise OriginError(f"{path}: not a symlink", errno.EINVAL)
             return o.target
 
-    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
+    def set_attrs(
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
+    ) -> Entry:
+        """Mode, owner and mtime are kept (``atime_ns`` is not: no ``atimes``)."""
         with self._lock:
             o = self._get(path)
             if mode is not None:
                 o.mode = mode & 0o7777
+            if uid is not None:
+                o.uid = uid
+            if gid is not None:
+                o.gid = gid
             if mtime_ns is not None:
                 o.mtime_ns = mtime_ns
             return self._entry(path, o)

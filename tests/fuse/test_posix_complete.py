@@ -93,7 +93,9 @@ def users() -> Iterator[tuple[User, User, str]]:
         subprocess.run(["groupdel", group], capture_output=True)
 
 
-def sh(user: User | None, cmd: str, cwd: Path, *, ok: bool = True) -> subprocess.CompletedProcess[str]:
+def sh(
+    user: User | None, cmd: str, cwd: Path, *, ok: bool = True
+) -> subprocess.CompletedProcess[str]:
     """Run ``cmd`` with ``sh -c`` as ``user`` (with its groups; root when None)."""
     argv = ["sh", "-c", cmd]
     if user is not None:

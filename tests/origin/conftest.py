@@ -69,6 +69,7 @@ class Case:
     modes: bool  # set_attrs stores the mode
     strict_parents: bool  # put into a missing parent directory fails (not implied)
     mtimes: bool = True  # set_attrs stores the mtime
+    dir_attrs: bool = True  # mkdir/set_attrs keep a directory's mode and owner
 
     def put_bytes(self, path: str, data: bytes, if_match: str | None = None) -> Entry:
         src = self.tmp / f"src-{uuid.uuid4().hex}"
@@ -98,10 +99,11 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         c = Case("memory", origin, scratch, symlinks=True, modes=True, strict_parents=True)
     else:
         srv = request.getfixturevalue("seaweed")
-        origin = new_s3_origin(srv)
-        c = Case(
-            "s3", origin, scratch, symlinks=False, modes=True, strict_parents=False, mtimes=False
-        )
+        s3 = new_s3_origin(srv)
+        origin = s3
+        c = Case("s3", origin, scratch, symlinks=False, modes=True, strict_parents=False)
+        # SeaweedFS drops the metadata of directory markers (AWS S3 and MinIO keep it)
+        c.dir_attrs = s3._marker_meta_kept()
     try:
         yield c
     finally:

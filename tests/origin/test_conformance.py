@@ -579,3 +579,155 @@ def test_concurrent_calls_from_threads(case: Case, origin: Origin) -> None:
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(work, range(32)))
     assert names(origin, "t") == {f"r{i}": Kind.FILE for i in range(32)}
+
+
+# -- owners, links, special files (issue 13): run where the capabilities say so --------------
+
+
+def test_owners_are_kept(case: Case, origin: Origin) -> None:
+    if not origin.capabilities.owners:
+        pytest.skip("this origin keeps no owners")
+    src = case.tmp / "owned"
+    src.write_bytes(b"owned")
+    e = origin.put("f", str(src), None, mode=0o640, uid=1234, gid=5678)
+    assert (e.uid, e.gid, e.mode) == (1234, 5678, 0o640)
+    st = origin.stat("f")
+    assert (st.uid, st.gid, st.mode) == (1234, 5678, 0o640)
+    assert {x.name: (x.uid, x.gid) for x in origin.list("")} == {"f": (1234, 5678)}
+    # a put without an owner keeps the replaced file's; a new owner replaces it
+    src.write_bytes(b"replaced")
+    assert (origin.put("f", str(src)).uid, origin.stat("f").gid) == (1234, 5678)
+    assert origin.put("f", str(src), uid=4321).uid == 4321
+    assert origin.stat("f").gid == 5678
+    # a new file without one has no owner (the mount's default applies), or, where the
+    # origin has real owners (POSIX), the daemon's
+    plain = case.put_bytes("plain", b"x")
+    assert (plain.uid, plain.gid) in ((None, None), (os.geteuid(), os.getegid()))
+
+
+def test_directory_owners_are_kept(case: Case, origin: Origin) -> None:
+    if not origin.capabilities.owners or not case.dir_attrs:
+        pytest.skip("this origin keeps no owners of directories")
+    d = origin.mkdir("d", 0o750, uid=1234, gid=5678)
+    assert (d.uid, d.gid, d.mode) == (1234, 5678, 0o750)
+    st = origin.stat("d")
+    assert (st.uid, st.gid, st.mode) == (1234, 5678, 0o750)
+    assert {x.name: (x.uid, x.gid) for x in origin.list("")} == {"d": (1234, 5678)}
+    origin.set_attrs("d", uid=1, gid=2)
+    assert (origin.stat("d").uid, origin.stat("d").gid) == (1, 2)
+
+
+def test_set_attrs_changes_only_what_it_is_given(case: Case, origin: Origin) -> None:
+    caps = origin.capabilities
+    if not caps.owners:
+        pytest.skip("this origin keeps no owners")
+    case.put_bytes("f", b"content")
+    before = origin.set_attrs("f", mode=0o600, mtime_ns=1_500_000_000_123_456_789)
+    out = origin.set_attrs("f", uid=1000, gid=1001)
+    st = origin.stat("f")
+    assert (out.uid, out.gid) == (st.uid, st.gid) == (1000, 1001)
+    assert st.mode == 0o600
+    if case.mtimes:
+        assert st.mtime_ns == before.mtime_ns == 1_500_000_000_123_456_789
+    origin.set_attrs("f", gid=1002)
+    assert (origin.stat("f").uid, origin.stat("f").gid) == (1000, 1002)
+    assert case.read_all("f") == b"content"
+    with pytest.raises(NotFound):
+        origin.set_attrs("missing", uid=1)
+
+
+def test_set_attrs_keeps_atimes(case: Case, origin: Origin) -> None:
+    if not origin.capabilities.atimes:
+        pytest.skip("this origin keeps no access times")
+    case.put_bytes("f", b"x")
+    out = origin.set_attrs(
+        "f", mtime_ns=1_600_000_000_000_000_000, atime_ns=1_700_000_000_000_000_005
+    )
+    st = origin.stat("f")
+    assert out.atime_ns == st.atime_ns == 1_700_000_000_000_000_005
+    assert st.mtime_ns == 1_600_000_000_000_000_000
+    origin.set_attrs("f", atime_ns=1_800_000_000_000_000_000)
+    assert origin.stat("f").atime_ns == 1_800_000_000_000_000_000
+    assert origin.stat("f").mtime_ns == 1_600_000_000_000_000_000
+
+
+def test_link(case: Case, origin: Origin) -> None:
+    caps = origin.capabilities
+    if not (caps.hard_links or caps.link_copies):
+        with pytest.raises(NotSupported):
+            origin.link("a", "b")
+        return
+    origin.mkdir("d")
+    src = case.tmp / "src"
+    src.write_bytes(b"version 1")
+    a = origin.put("d/a", str(src), None, mode=0o640, mtime_ns=1_500_000_000_000_000_000)
+    b = origin.link("d/a", "b")
+    assert b.name == "b" and b.kind is Kind.FILE
+    assert (b.size, b.mode, b.uid, b.gid) == (a.size, 0o640, a.uid, a.gid)
+    if case.mtimes:
+        assert b.mtime_ns == 1_500_000_000_000_000_000
+    assert case.read_all("b") == b"version 1"
+    assert names(origin) == {"d": Kind.DIR, "b": Kind.FILE}
+    # the new name exists: EEXIST, whatever it is, and it is left alone
+    case.put_bytes("c", b"other")
+    for taken in ("c", "d", "b"):
+        with pytest.raises(Exists):
+            origin.link("d/a", taken)
+    assert case.read_all("c") == b"other"
+    with pytest.raises(NotFound):
+        origin.link("missing", "x")
+    with pytest.raises(NotFound):
+        origin.link("d/a", "nodir/x")
+    with pytest.raises(OriginError) as ei:
+        origin.link("d", "d2")  # no links to directories
+    assert ei.value.errno in (errno.EPERM, errno.EISDIR)
+    assert "d2" not in names(origin)
+    src.write_bytes(b"version 2, longer")
+    origin.put("d/a", str(src))
+    # a put writes a new file at its name (atomically): the names part, on every origin
+    # (link copies: they were independent files already)
+    assert case.read_all("b") == b"version 1"
+    assert origin.stat("b").nlink == origin.stat("d/a").nlink == 1
+    origin.delete("d/a")
+    assert case.read_all("b") == b"version 1"
+
+
+def test_link_race_has_exactly_one_winner(case: Case, origin: Origin) -> None:
+    """What delta-rs does to commit a table version: every writer links its own temporary
+    file to the same final name; exactly one succeeds, the others get EEXIST."""
+    caps = origin.capabilities
+    if not (caps.hard_links or caps.link_copies):
+        pytest.skip("no link on this origin")
+    writers = 8
+    for i in range(writers):
+        case.put_bytes(f"tmp-{i}", f"commit by writer {i}".encode())
+    barrier = threading.Barrier(writers)
+
+    def attempt(i: int) -> int | None:
+        barrier.wait()
+        try:
+            origin.link(f"tmp-{i}", "00000001.json")
+        except Exists:
+            return None
+        return i
+
+    with ThreadPoolExecutor(writers) as pool:
+        won = [i for i in pool.map(attempt, range(writers)) if i is not None]
+    assert len(won) == 1
+    assert case.read_all("00000001.json") == f"commit by writer {won[0]}".encode()
+
+
+def test_mknod(case: Case, origin: Origin) -> None:
+    if not origin.capabilities.special_files:
+        for kind in (Kind.FIFO, Kind.SOCKET):
+            with pytest.raises(NotSupported) as ei:
+                origin.mknod("n", kind, 0o644)
+            assert ei.value.errno == errno.EOPNOTSUPP
+        assert "n" not in names(origin)
+        return
+    e = origin.mknod("fifo", Kind.FIFO, 0o640)
+    assert e.kind is Kind.FIFO and e.mode == 0o640
+    assert origin.stat("fifo").kind is Kind.FIFO
+    assert names(origin) == {"fifo": Kind.FIFO}
+    with pytest.raises(Exists):
+        origin.mknod("fifo", Kind.FIFO, 0o640)

@@ -285,7 +285,7 @@ class Handlers:
             rec = (
                 proto.direntplus(attr, next_id, b, self.ttl)
                 if plus
-                else proto.dirent(attr.st_ino, next_id, b, attr.mode)
+                else proto.dirent(attr.ino, next_id, b, attr.mode)
             )
             if used + len(rec) > size:
                 return False

@@ -319,7 +319,7 @@ def _attr_fields(a: Attr) -> tuple[int, ...]:
     asec, ansec = divmod(a.atime_ns, 1_000_000_000)
     msec, mnsec = divmod(a.mtime_ns, 1_000_000_000)
     csec, cnsec = divmod(a.ctime_ns, 1_000_000_000)
-    return (a.st_ino, a.size, a.blocks, asec, msec, csec, ansec, mnsec, cnsec, a.mode, a.nlink,
+    return (a.ino, a.size, a.blocks, asec, msec, csec, ansec, mnsec, cnsec, a.mode, a.nlink,
             a.uid, a.gid, a.rdev & 0xFFFFFFFF, BLKSIZE, 0)  # fmt: skip
 
 
@@ -368,7 +368,7 @@ def dirent(ino: int, next_off: int, name_b: bytes, mode: int) -> bytes:
 
 def direntplus(a: Attr, next_off: int, name_b: bytes, ttl: float) -> bytes:
     """One ``fuse_direntplus``: an entry (the kernel takes a lookup reference) + a dirent."""
-    return entry_out(a, ttl, ttl) + dirent(a.st_ino, next_off, name_b, a.mode)
+    return entry_out(a, ttl, ttl) + dirent(a.ino, next_off, name_b, a.mode)
 
 
 def inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:

@@ -1,0 +1,229 @@
+"""The state every part of the S3 origin shares, and the helpers on keys, HEADs and markers.
+
+:class:`S3Base` holds the obstore store, the signing client, what this process remembers of
+objects' modes and mtimes, and answers the questions every operation asks: the full key of a
+path, an object's metadata (one HEAD), whether a path is a directory (one small listing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Mapping
+from typing import Any
+
+import obstore
+from obstore.store import S3Store
+
+from ..base import Entry, Kind, NotFound, NotSupported, OriginError, split
+from ._config import (
+    DEFAULT_PART_SIZE,
+    DEFAULT_PUT_CONCURRENCY,
+    DEFAULT_SINGLE_PUT_MAX,
+    MODE_CACHE_MAX,
+    PROBE_PREFIX,
+)
+from ._errors import s3_code, translate
+from ._meta import DEFAULT_MODE, Meta, from_headers, http_date_ns, ns_of, parse
+from ._raw import RawS3, quote
+
+
+class S3Base:
+    """Shared state and helpers of :class:`~airfs.origin.s3.S3Origin` (see the package
+    docstring for the layout in the bucket)."""
+
+    def __init__(
+        self,
+        store: S3Store,
+        *,
+        bucket: str,
+        prefix: str = "",
+        raw: RawS3 | None = None,
+        conditional_writes: bool | None = None,
+        single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
+        part_size: int = DEFAULT_PART_SIZE,
+        put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+        default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
+    ) -> None:
+        self._store = store
+        self.default_mode = default_mode & 0o7777
+        self.list_heads = list_heads
+        #: path -> ((ETag, Last-Modified ns), metadata): what this origin knows of objects'
+        #: stored attributes (listings carry none); Last-Modified is part of the key because a
+        #: metadata-replacing copy keeps the ETag
+        self._known: OrderedDict[str, tuple[tuple[str, int], Meta]] = OrderedDict()
+        self._known_lock = threading.Lock()
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
+        self._raw = raw
+        self._conditional = conditional_writes
+        self._conditional_copy: bool | None = None
+        self._marker_meta: bool | None = None
+        self._probe_lock = threading.Lock()
+        self.single_put_max = single_put_max
+        self.part_size = part_size
+        self.put_concurrency = put_concurrency
+        self._dir_mtime_ns = time.time_ns()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _where(self, path: str) -> str:
+        return f"{self.url}/{path}" if path else self.url
+
+    def _key(self, path: str) -> str:
+        """The full object key of ``path`` (prefix included)."""
+        return f"{self.prefix}/{path}" if self.prefix else path
+
+    @staticmethod
+    def _token(meta: Mapping[str, Any]) -> tuple[str, int]:
+        """What identifies one stored state of an object (content and metadata)."""
+        return meta.get("e_tag") or "", ns_of(meta.get("last_modified"))
+
+    def _file_entry(self, name: str, meta: Mapping[str, Any], attrs: Meta) -> Entry:
+        """The entry of an object from its listing or HEAD (``meta``) and stored ``attrs``."""
+        mtime_ns = attrs.mtime_ns
+        if mtime_ns is None:
+            mtime_ns = ns_of(meta.get("last_modified")) or time.time_ns()
+        return Entry(
+            name=name,
+            kind=Kind.FILE,
+            size=int(meta["size"]),
+            mtime_ns=mtime_ns,
+            mode=self.default_mode if attrs.mode is None else attrs.mode,
+            version=meta.get("e_tag") or "",
+            uid=attrs.uid,
+            gid=attrs.gid,
+        )
+
+    def _remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
+        with self._known_lock:
+            self._known[path] = (token, attrs)
+            self._known.move_to_end(path)
+            while len(self._known) > MODE_CACHE_MAX:
+                self._known.popitem(last=False)
+
+    def _known_meta(self, path: str, token: tuple[str, int]) -> Meta | None:
+        """The stored attributes of ``path`` in the state ``token``, if this origin saw it."""
+        with self._known_lock:
+            got = self._known.get(path)
+        return got[1] if got is not None and got[0] == token else None
+
+    def _dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
+        """A directory: its marker's attributes where the server keeps them, else 0o755, no
+        owner, and the time the origin was opened."""
+        a = attrs or Meta()
+        return Entry(
+            name,
+            Kind.DIR,
+            0,
+            a.mtime_ns or mtime_ns or self._dir_mtime_ns,
+            0o755 if a.mode is None else a.mode,
+            "",
+            uid=a.uid,
+            gid=a.gid,
+            nlink=2,
+        )
+
+    def _head(self, path: str) -> Mapping[str, Any] | None:
+        """The object's metadata (obstore's, with ``attrs``: the stored :class:`Meta`), or
+        None if there is no object ``path``. Remembered for listings."""
+        try:
+            res = obstore.get(self._store, path, options={"head": True})
+        except Exception as exc:
+            err = translate(exc, self._where(path))
+            if isinstance(err, NotFound) and s3_code(exc) != "NoSuchBucket":
+                return None
+            raise err from None
+        attrs = parse(res.attributes)
+        self._remember(path, self._token(res.meta), attrs)
+        return {**res.meta, "attrs": attrs}
+
+    def _copy_source(self, path: str) -> str:
+        """The ``x-amz-copy-source`` header naming the object ``path``."""
+        return f"/{quote(self.bucket, safe='')}/{quote(self._key(path), safe='/~')}"
+
+    def _need_raw(self, what: str, path: str) -> RawS3:
+        if self._raw is None:
+            raise NotSupported(
+                f"{self._where(path)}: {what} needs credentials airfs can sign with "
+                "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or boto3 installed)"
+            )
+        return self._raw
+
+    def _probe(self, path: str) -> tuple[bool, bool]:
+        """(marker exists, something else is under ``path/``) with one small listing."""
+        if self._raw is not None:
+            marker = self._key(path) + "/"
+            keys = [k for k, _ in self._raw.list_keys(marker, self._where(path), max_keys=2)]
+            return marker in keys, any(k != marker for k in keys)
+        try:
+            first: list[Mapping[str, Any]] = []
+            for chunk in obstore.list(self._store, path, chunk_size=2):
+                first = list(chunk)
+                break
+        except Exception as exc:
+            raise translate(exc, self._where(path)) from None
+        paths = [m["path"] for m in first]
+        return path in paths, any(p != path for p in paths)
+
+    def _is_dir(self, path: str) -> bool:
+        if not path:
+            return True
+        marker, children = self._probe(path)
+        return marker or children
+
+    def _put_marker(self, path: str, attrs: Meta | None = None) -> None:
+        """Write the marker ``path/`` (with ``attrs`` in its metadata, where given)."""
+        raw = self._need_raw("creating a directory", path)
+        headers = attrs.headers() if attrs is not None else None
+        raw.request("PUT", self._key(path) + "/", self._where(path), headers=headers)
+
+    def _marker_meta_kept(self) -> bool:
+        """Whether the server keeps user metadata on directory markers (AWS S3 and MinIO do;
+        SeaweedFS 4.48 stores a marker as a filer directory and drops it). Probed once with a
+        hidden marker at the origin's root; False without the signing client."""
+        if self._marker_meta is not None:
+            return self._marker_meta
+        if self._raw is None:
+            return False
+        with self._probe_lock:
+            if self._marker_meta is None:
+                path = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
+                key, where = self._key(path) + "/", self._where(path)
+                try:
+                    self._raw.request("PUT", key, where, headers=Meta(mode=0o700).headers())
+                    got = self._raw.head(key, where)
+                    self._marker_meta = got is not None and from_headers(got).mode == 0o700
+                finally:
+                    with contextlib.suppress(OriginError):
+                        self._raw.request("DELETE", key, where)
+        return self._marker_meta
+
+    def _dir_meta(self, path: str) -> tuple[Meta, int] | None:
+        """(stored attributes, Last-Modified ns) of the marker of directory ``path``, where
+        the server keeps markers' metadata and the marker exists; else None."""
+        if not path or self._raw is None or not self._marker_meta_kept():
+            return None
+        got = self._raw.head(self._key(path) + "/", self._where(path))
+        if got is None:
+            return None
+        return from_headers(got), http_date_ns(got.get("last-modified"))
+
+    def _delete_marker(self, path: str) -> None:
+        raw = self._need_raw("removing a directory", path)
+        raw.request("DELETE", self._key(path) + "/", self._where(path))
+
+    def _keep_parent(self, path: str) -> None:
+        """After ``path`` was removed: if that emptied its parent, write the parent's marker
+        so the directory stays (POSIX semantics; implied directories would vanish)."""
+        parent = split(path)[0]
+        if not parent or self._raw is None:
+            return
+        marker, children = self._probe(parent)
+        if not marker and not children:
+            self._put_marker(parent)

@@ -1,0 +1,205 @@
+"""The S3 origin: construction from an ``s3://`` URL, the connectivity check, capabilities."""
+
+from __future__ import annotations
+
+import datetime as dt
+import errno
+import os
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import obstore
+from obstore.store import S3Store
+
+from ..base import Capabilities, NotFound, OriginError, PermissionDenied, Transient
+from ._config import (
+    DEFAULT_PART_SIZE,
+    DEFAULT_PUT_CONCURRENCY,
+    DEFAULT_SINGLE_PUT_MAX,
+    DEFAULT_TIMEOUT,
+)
+from ._credentials import Credentials, resolve_credentials, resolve_region, truthy
+from ._errors import first_line, s3_code, status_of, translate
+from ._link import Links
+from ._meta import DEFAULT_MODE
+from ._raw import RawS3
+
+
+class S3Origin(Links):
+    """An origin on an S3-compatible bucket (see the package docstring for the semantics)."""
+
+    @classmethod
+    def from_url(
+        cls,
+        url: str,
+        *,
+        endpoint: str | None = None,
+        region: str | None = None,
+        path_style: bool | None = None,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        conditional_writes: bool | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
+        part_size: int = DEFAULT_PART_SIZE,
+        put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+        default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
+    ) -> S3Origin:
+        """Open ``s3://BUCKET[/PREFIX]``.
+
+        ``endpoint`` defaults to ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL`` /
+        ``AWS_ENDPOINT`` (none: AWS S3 in ``region``); plain HTTP is allowed only when the
+        endpoint is ``http://``. ``region`` defaults to ``AWS_REGION`` /
+        ``AWS_DEFAULT_REGION`` / the profile's region / ``us-east-1``. Credentials come from
+        the ``AWS_*`` variables, the shared credentials file (``AWS_PROFILE``), boto3 if
+        installed, or obstore's own chain (instance metadata, web identity);
+        ``AWS_SKIP_SIGNATURE=true`` makes anonymous requests. ``env`` replaces ``os.environ``
+        for these lookups. ``path_style`` defaults to True with an explicit endpoint (the
+        usual for SeaweedFS/MinIO/Ceph) and to virtual-hosted requests on AWS.
+
+        ``conditional_writes``: None probes the server on the first conditional put;
+        True/False asserts it. ``timeout`` is the limit per HTTP request, in seconds.
+        ``default_mode``: the mode of objects that carry none (written by other tools).
+        ``list_heads=False``: listings give objects this origin has not seen yet
+        ``default_mode`` instead of asking each one's mode (faster first listings of large
+        directories; a private object written by another node then shows the default mode
+        until it is stat'ed).
+
+        With ``check``, one cheap listing is made and failures raise a one-line typed error:
+        :class:`PermissionDenied` (credentials), :class:`NotFound` (bucket),
+        :class:`Transient` (endpoint unreachable).
+        """
+        env = os.environ if env is None else env
+        parsed = urllib.parse.urlsplit(url)
+        if parsed.scheme not in ("s3", "s3a") or not parsed.netloc:
+            raise OriginError(f"{url}: not an s3://BUCKET[/PREFIX] URL", errno.EINVAL)
+        bucket, prefix = parsed.netloc, parsed.path.strip("/")
+        region = region or resolve_region(env)
+        endpoint = (
+            endpoint
+            or env.get("AWS_ENDPOINT_URL_S3")
+            or env.get("AWS_ENDPOINT_URL")
+            or env.get("AWS_ENDPOINT")
+        )
+        if path_style is None:
+            path_style = bool(endpoint) or "." in bucket
+        if not endpoint:
+            endpoint = (
+                f"https://s3.{region}.amazonaws.com"
+                if path_style
+                else f"https://{bucket}.s3.{region}.amazonaws.com"
+            )
+        endpoint = endpoint.rstrip("/")
+        scheme = urllib.parse.urlsplit(endpoint).scheme
+        if scheme not in ("http", "https"):
+            raise OriginError(f"{endpoint}: the S3 endpoint must be http:// or https://", 22)
+
+        anonymous = truthy(env.get("AWS_SKIP_SIGNATURE"))
+        creds = None if anonymous else resolve_credentials(env)
+        raw = None
+        if creds is not None or anonymous:
+            raw = RawS3(
+                endpoint,
+                bucket,
+                path_style=path_style,
+                region=region,
+                creds=creds,
+                timeout=min(timeout, 60.0),
+            )
+
+        def make_store(retry: dict[str, Any], client: dict[str, Any]) -> S3Store:
+            kwargs: dict[str, Any] = {
+                "prefix": prefix or None,
+                "config": {
+                    "endpoint": endpoint,
+                    "region": region,
+                    "virtual_hosted_style_request": not path_style,
+                    "skip_signature": anonymous,
+                },
+                "client_options": {"allow_http": scheme == "http", **client},
+                "retry_config": retry,
+            }
+            if creds is not None:
+                kwargs["credential_provider"] = creds
+            try:
+                return S3Store(bucket, **kwargs)
+            except Exception as exc:
+                raise OriginError(
+                    f"s3://{bucket}: bad S3 configuration: {first_line(exc)}"
+                ) from None
+
+        # obstore's own retries are off: the one retry policy is AsyncOrigin's (async, outside
+        # the origin's concurrency limit)
+        store = make_store(
+            {
+                "max_retries": 0,
+                "retry_timeout": dt.timedelta(seconds=min(timeout, 120.0)),
+                "backoff": {
+                    "init_backoff": dt.timedelta(milliseconds=100),
+                    "max_backoff": dt.timedelta(seconds=5),
+                },
+            },
+            {"timeout": f"{int(timeout)}s", "connect_timeout": "5s", "read_timeout": "60s"},
+        )
+        origin = cls(
+            store,
+            bucket=bucket,
+            prefix=prefix,
+            raw=raw,
+            conditional_writes=conditional_writes,
+            single_put_max=single_put_max,
+            part_size=part_size,
+            put_concurrency=put_concurrency,
+            default_mode=default_mode,
+            list_heads=list_heads,
+        )
+        if check:
+            quick = make_store(
+                {"max_retries": 1, "retry_timeout": dt.timedelta(seconds=10)},
+                {"timeout": "20s", "connect_timeout": "3s"},
+            )
+            origin._check(quick, endpoint, creds)
+        return origin
+
+    def _check(self, store: S3Store, endpoint: str, creds: Credentials | None) -> None:
+        bucket = f"s3://{self.bucket}"
+        try:
+            for _ in obstore.list(store, None, chunk_size=1):
+                break
+        except Exception as exc:
+            err = translate(exc, bucket)
+            if isinstance(err, PermissionDenied):
+                src = f" from {creds.source}" if creds is not None else ""
+                why = s3_code(exc) or f"HTTP {status_of(exc) or 403}"
+                raise PermissionDenied(
+                    f"{bucket}: access denied at {endpoint} with the credentials{src} ({why}; "
+                    "check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY/AWS_PROFILE)"
+                ) from None
+            if isinstance(err, NotFound):
+                raise NotFound(f"{bucket}: no such bucket at {endpoint}") from None
+            if err.transient and status_of(exc) is None:
+                raise Transient(
+                    f"{bucket}: cannot reach the S3 endpoint {endpoint} ({first_line(exc)})"
+                ) from None
+            raise err from None
+
+    def __repr__(self) -> str:
+        return f"S3Origin({self.url!r})"
+
+    @property
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            pin=False,
+            conditional_put=self.conditional_writes(),
+            symlinks=False,
+            modes=True,
+            mtimes=True,
+            md5_etag=True,
+            owners=True,
+            link_copies=True,
+        )
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,167 @@
+"""Reads: stat, one-level listings (with the modes of listed objects), ranged GETs."""
+
+from __future__ import annotations
+
+import builtins
+import functools
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import obstore
+
+if TYPE_CHECKING:
+    from obstore import GetOptions
+
+from ..base import Conflict, Entry, FsStats, IsADir, NotADir, NotFound, NotSupported, split
+from ._config import LIST_HEADS, PROBE_PREFIX
+from ._core import S3Base
+from ._errors import status_of, translate
+from ._meta import Meta
+
+
+class Reads(S3Base):
+    """The read side of the S3 origin."""
+
+    def stat(self, path: str) -> Entry:
+        if not path:
+            return self._dir_entry("")
+        meta = self._head(path)
+        if meta is not None:
+            return self._file_entry(split(path)[1], meta, meta["attrs"])
+        if self._is_dir(path):
+            return self._dir_stat(path, split(path)[1])
+        raise NotFound(f"{self._where(path)}: not found")
+
+    def _dir_stat(self, path: str, name: str) -> Entry:
+        got = self._dir_meta(path)
+        return self._dir_entry(name, *got) if got is not None else self._dir_entry(name)
+
+    def list(self, path: str) -> builtins.list[Entry]:
+        """One level. Listings carry no user metadata: the attributes of an object come from
+        what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
+        each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
+        their marker's attributes the same way where the server keeps them."""
+        try:
+            res = obstore.list_with_delimiter(self._store, path or None)
+        except Exception as exc:
+            raise translate(exc, self._where(path)) from None
+        cut = len(path) + 1 if path else 0
+        out: dict[str, Entry] = {}
+        dirs: builtins.list[tuple[str, str]] = []
+        for p in res["common_prefixes"]:
+            name = p[cut:]
+            if name and not (not path and name.startswith(PROBE_PREFIX)):
+                out[name] = self._dir_entry(name)
+                dirs.append((name, p))
+        has_marker = False
+        unknown: builtins.list[tuple[str, Mapping[str, Any]]] = []
+        for meta in res["objects"]:
+            p = meta["path"]
+            if p == path:  # the marker "path/" of the listed directory itself
+                has_marker = True
+                continue
+            name = p[cut:]
+            if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
+                continue
+            attrs = self._known_meta(p, self._token(meta))
+            if attrs is None and not self.list_heads:
+                attrs = Meta()
+            if attrs is None:
+                unknown.append((name, meta))
+            else:
+                out[name] = self._file_entry(name, meta, attrs)
+        heads = self.list_heads and dirs and self._marker_meta_kept()
+        for name, entry in self._heads(unknown, dirs if heads else []):
+            out[name] = entry
+        if not out and not has_marker and path:
+            if self._head(path) is not None:
+                raise NotADir(f"{self._where(path)}: not a directory")
+            raise NotFound(f"{self._where(path)}: not found")
+        return builtins.list(out.values())
+
+    def _heads(
+        self,
+        files: builtins.list[tuple[str, Mapping[str, Any]]],
+        dirs: builtins.list[tuple[str, str]],
+    ) -> builtins.list[tuple[str, Entry]]:
+        """The entries of listed objects this origin has not seen yet and of listed
+        directories (one HEAD each, in parallel). An object gone meanwhile is left out; one
+        that changed keeps the listed size and version, with the attributes the HEAD saw
+        (never a mode wider than stored)."""
+
+        def file(item: tuple[str, Mapping[str, Any]]) -> tuple[str, Entry] | None:
+            name, meta = item
+            head = self._head(meta["path"])
+            if head is None:
+                return None
+            return name, self._file_entry(name, meta, head["attrs"])
+
+        def directory(item: tuple[str, str]) -> tuple[str, Entry] | None:
+            name, p = item
+            got = self._dir_meta(p)
+            return (name, self._dir_entry(name, *got)) if got is not None else None
+
+        jobs: builtins.list[Callable[[], tuple[str, Entry] | None]] = [
+            *(functools.partial(file, f) for f in files),
+            *(functools.partial(directory, d) for d in dirs),
+        ]
+        if not jobs:
+            return []
+        if len(jobs) == 1:
+            found = [jobs[0]()]
+        else:
+            with ThreadPoolExecutor(min(LIST_HEADS, len(jobs))) as pool:
+                found = builtins.list(pool.map(lambda job: job(), jobs))
+        return [f for f in found if f is not None]
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        where = self._where(path)
+        if size <= 0:
+            self._check_version(path, version)
+            return b""
+        options: GetOptions = {"range": (offset, offset + size)}
+        if version is not None:
+            options["if_match"] = version
+        try:
+            res = obstore.get(self._store, path, options=options)
+            if version is not None and res.meta.get("e_tag") != version:
+                raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
+            return bytes(res.bytes())
+        except Exception as exc:
+            if status_of(exc) == 416:  # offset at or past the end of the object
+                past_end = True
+            else:
+                past_end = False
+                err = translate(exc, where)
+        if past_end:
+            self._check_version(path, version)
+            return b""
+        if isinstance(err, Conflict):
+            raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
+        if isinstance(err, NotFound) and self._is_dir(path):
+            raise IsADir(f"{where}: is a directory")
+        raise err
+
+    def _check_version(self, path: str, version: str | None) -> None:
+        meta = self._head(path)
+        if meta is None:
+            if self._is_dir(path):
+                raise IsADir(f"{self._where(path)}: is a directory")
+            raise NotFound(f"{self._where(path)}: not found")
+        if version is not None and meta.get("e_tag") != version:
+            raise Conflict(
+                f"{self._where(path)}: changed at the origin (version {version} is gone)"
+            )
+
+    def readlink(self, path: str) -> str:
+        raise NotSupported(f"{self._where(path)}: symbolic links are not supported on S3 origins")
+
+    def statfs(self) -> FsStats:
+        return FsStats(
+            block_size=4096,
+            total_blocks=1 << 40,
+            free_blocks=1 << 40,
+            total_files=1 << 40,
+            free_files=1 << 40,
+        )
