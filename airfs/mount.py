@@ -350,17 +350,21 @@ class Daemon:
     async def warm(
         self, paths: list[str], jobs: int, progress: Progress, caller: Caller
     ) -> dict[str, Any]:
-        """Warm ``paths`` (already authorised); below them only what ``caller`` may read."""
-        if "" in paths:  # the whole mount: all but the catalog's own files
-            top = await self.origin.list("")
-            paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
+        """Warm ``paths`` (already authorised); below them only what ``caller`` may read.
+        The catalog's own files (:data:`~airfs.catalog.model.RESERVED`) are never warmed."""
         if caller.uid == 0:
+            if "" in paths:
+                top = await self.origin.list("")
+                paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
             return await warm(
                 self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
             )
         view = ScopedOrigin(
             self.origin, caller, self.owner, self._mode_of, on_listing=self.fs.listings.put
         )
+        if "" in paths:  # what the caller may reach at the top, through the same filter
+            top = await view.list("")
+            paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
         out = await warm(view.as_origin(), self.readpath, paths, jobs, progress)
         return {**out, "skipped": view.skipped}
 

@@ -194,3 +194,25 @@ def test_concurrent_grants_from_two_nodes_lose_nothing(gsite: Site, folks: Peopl
     assert meta is not None
     found = meta.find(("main", "raw", "secret"))
     assert found is not None and set(names) <= set(found[-1].grants)
+
+
+def test_ungoverned_whole_mount_warm_keeps_the_mode_filter_and_skips_the_catalog(
+    folks: People,
+) -> None:
+    """A non-root ``warm`` of the whole mount reaches only what the user may read (a 0700
+    directory at the top is skipped), and nobody's warm touches ``.airfs-catalog``."""
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    with site("posix") as s:
+        o = s.base / "origin"
+        (o / "pub").mkdir()
+        (o / "pub" / "a.bin").write_bytes(b"a" * 100)
+        (o / "priv").mkdir(mode=0o700)
+        (o / "priv" / "s.bin").write_bytes(b"s" * 100)
+        (o / ".airfs-catalog").mkdir()
+        (o / ".airfs-catalog" / "junk").write_bytes(b"j")  # not a catalog: never served
+        m = s.mount()
+        out = run_as(folks.alice, m.mountpoint, "print(json.dumps(call('warm', paths=[''])))")
+        assert out["ok"] and out["result"]["files"] == 1, out
+        assert client.warm(str(m.mountpoint), [str(m.mountpoint)])["files"] == 2
+        assert sorted(os.listdir(m.mountpoint)) == ["priv", "pub"]
