@@ -327,12 +327,14 @@ class Daemon:
     def _privileged(self, caller: Caller) -> bool:
         return caller.uid in (0, os.geteuid())
 
-    async def lookup(self, path: str) -> tuple[Kind, int] | None:
-        """Kind and mode of ``path`` as the mount shows it (None: no such object); the
-        control socket authorises requests with it."""
+    async def lookup(self, path: str) -> tuple[Kind, int, int, int] | None:
+        """Kind, mode and owner (uid, gid) of ``path`` as the mount shows it (None: no such
+        object); the control socket authorises requests with it."""
         st = self.area.get(path) if path else None
         if st is not None:
-            return Kind.FILE, st.mode
+            uid = self.owner.uid if st.uid is None else st.uid
+            gid = self.owner.gid if st.gid is None else st.gid
+            return Kind.FILE, st.mode, uid, gid
         try:
             entry, _at = await self.fs.origin_entry(path)
         except OriginError as exc:
@@ -341,7 +343,11 @@ class Daemon:
             if not exc.transient or known is None:
                 raise
             entry = known  # origin down: what the mount shows is what it knows
-        return None if entry is None else (entry.kind, entry.mode)
+        if entry is None:
+            return None
+        uid = self.owner.uid if entry.uid is None else entry.uid
+        gid = self.owner.gid if entry.gid is None else entry.gid
+        return entry.kind, entry.mode, uid, gid
 
     def _mode_of(self, path: str, entry: Entry) -> int:
         st = self.area.get(path) if entry.kind is Kind.FILE else None

@@ -247,10 +247,9 @@ def test_seed_samples_run_with_grants_and_fail_cleanly_without(
     tmp = gsite.base / "copies"
     tmp.mkdir()
     os.chown(tmp, folks.bob.uid, folks.bob.gid)
-    # bob's checkpoint goes to the volume's root (0777): the flush barrier's mode check still
-    # takes every object as the mount owner's (control/auth.py), so a directory bob made
-    # himself would refuse his flush
-    pre = f"TMP = {str(tmp)!r}\nCK = MP + '/main/raw/images'\n"
+    # the seed's layout: a checkpoint directory bob makes himself (the flush barrier's mode
+    # check takes its owner from the mount: bob)
+    pre = f"TMP = {str(tmp)!r}\nCK = MP + '/main/raw/images/checkpoints/step_1000'\n"
     b = run_as(folks.bob, mp, pre + SEED, imports=SEED_IMPORTS)
     assert b["ls"][0] == 0 and b["mkdir"][0] == 0 and b["touch"][0] == 0, b
     assert b["cp"][0] == 0 and (tmp / "a.bin").stat().st_size == 5000, b
