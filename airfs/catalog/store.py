@@ -169,6 +169,7 @@ class CatalogCache:
         self.damaged: str | None = None
         self._loaded_at = -1e18
         self._read_at = -1.0
+        self._failing = False
         self._lock = trio.Lock()
         self._loads = 0
         self._errors = 0
@@ -187,7 +188,11 @@ class CatalogCache:
     async def reload(self) -> None:
         try:
             if self.via is not None:  # the mount's retry policy and origin statistics
-                loaded = await self.via.call(self.store.load, what="catalog load", op="catalog")
+                # once one was read, a reload is a revalidation: while the origin is down it
+                # fails at once (the last one read stays in force) instead of retrying
+                loaded = await self.via.call(
+                    self.store.load, what="catalog load", op="catalog", fast=self._read_at >= 0
+                )
             else:
                 loaded = await trio.to_thread.run_sync(self.store.load, abandon_on_cancel=True)
             meta, _version = loaded
@@ -198,8 +203,13 @@ class CatalogCache:
             self._errors += 1
         except (OriginError, CatalogError) as exc:
             self._errors += 1
-            log.warning("catalog reload failed (%s); using the last one read", exc)
+            if not self._failing:  # once per outage, not once per TTL
+                log.warning("catalog reload failed (%s); using the last one read", exc)
+            self._failing = True
         else:
+            if self._failing:
+                log.info("catalog reloads again")
+            self._failing = False
             self.damaged = None
             if (meta is None) != (self.meta is None):
                 log.info("catalog %s", "found: governance on" if meta else "gone: governance off")
