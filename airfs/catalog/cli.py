@@ -68,6 +68,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return c, {k: getattr(args, k) for k in keys}
     if c == "set-owner":
         return c, {"type": args.type, "name": args.name, "principal": args.principal}
+    if c.startswith("rename-"):
+        return c, {"name": args.name, "new_name": args.new_name}
     if c == "map-principal":
         return c, {"local": args.local, "principal": args.principal}
     out: dict[str, Any] = {"name": args.name or ""}
@@ -231,6 +233,16 @@ def register(sub: Any) -> None:
                " It must be empty."),
         )  # fmt: skip
         p.add_argument("name", metavar=form)
+        p = cs.add_parser(
+            f"rename-{kind}",
+            help=f"rename a {kind}",
+            description=f"Rename {kind} {form} to NEW_NAME (same parent); its directory at "
+            "the origin moves too. Needs MANAGE or ownership"
+            + (", and CREATE SCHEMA on the catalog." if depth == 2 else
+               ", and CREATE VOLUME on the schema." if depth == 3 else "; admins only."),
+        )  # fmt: skip
+        p.add_argument("name", metavar=form)
+        p.add_argument("new_name", metavar="NEW_NAME")
 
     p = cs.add_parser(
         "list", help="list catalogs, schemas or volumes", description="What you may see."

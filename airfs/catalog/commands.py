@@ -13,6 +13,8 @@ Who may do what:
 * ``drop-*``, ``grant``, ``revoke``, ``set-owner`` — ``MANAGE`` on the object (owners of it or
   of an object above have it; so do admins) and ``USE`` on the objects above; a catalog or
   schema is dropped only when empty;
+* ``rename-*`` — the same, and ``CREATE SCHEMA`` / ``CREATE VOLUME`` on the container (a
+  catalog: admins); the store moves the directory at the origin too;
 * ``list`` — shows what the caller may see; ``show-grants`` — every grant to holders of
   ``MANAGE``, otherwise only the caller's own.
 
@@ -181,6 +183,32 @@ def _drop(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     return drop
 
 
+def _rename(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
+    def rename(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
+        names = parse_name(str(args["name"]), depth)
+        new = check_name(str(args["new_name"]), LEVELS[depth])
+        obj = _manage(meta, w, names)
+        if depth > 1:  # as in Unity Catalog: renaming in a container is creating in it
+            need = P.CREATE_SCHEMA if depth == 2 else P.CREATE_VOLUME
+            _need(meta, w, names[:-1], need)
+        elif not is_admin(meta, w):
+            raise _refuse(f"{w.name} is not a catalog admin (only admins rename catalogs)")
+        siblings = _children(meta, names[:-1])
+        if new in siblings:
+            dotted = ".".join((*names[:-1], new))
+            raise CatalogError(f"{LEVELS[depth]} {dotted} exists already", errno.EEXIST)
+        del siblings[names[-1]]
+        siblings[new] = obj
+        external = depth == 3 and obj.location is not None
+        return meta, {
+            "renamed": ".".join(names),
+            "to": ".".join((*names[:-1], new)),
+            "moves": None if external else ["/".join(names), "/".join((*names[:-1], new))],
+        }
+
+    return rename
+
+
 def _grant(revoke: bool) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     def grant(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
         names = _typed(args)
@@ -279,6 +307,9 @@ COMMANDS: dict[str, Callable[[Metastore, Who, dict[str, Any]], Result]] = {
     "drop-catalog": _drop(1),
     "drop-schema": _drop(2),
     "drop-volume": _drop(3),
+    "rename-catalog": _rename(1),
+    "rename-schema": _rename(2),
+    "rename-volume": _rename(3),
     "grant": _grant(False),
     "revoke": _grant(True),
     "set-owner": set_owner,

@@ -117,7 +117,34 @@ class CatalogStore:
     def run(self, w: Who, command: str, args: dict[str, Any]) -> Any:
         """Apply catalog command ``command`` for ``w`` (see :mod:`airfs.catalog.commands`);
         return its result. Raises :class:`CatalogError` (refusals, :class:`CatalogBusy`)
-        and the origin's errors."""
+        and the origin's errors.
+
+        ``rename-*`` is checked first, then the directory is moved at the origin (refused if
+        the new name exists there), then the catalog is changed; if that fails the directory
+        is moved back. Between the two steps (one origin call) both names are unregistered:
+        hidden from all but admins."""
+        if command.startswith("rename-"):
+            return self._rename(w, command, args)
+        return self._run(w, command, args)
+
+    def _rename(self, w: Who, command: str, args: dict[str, Any]) -> Any:
+        meta, _ = self.load()
+        _new, out = apply(meta, w, command, args)  # the checks, on the catalog as it is now
+        moves = out.get("moves")
+        if moves:
+            self.origin.rename(moves[0], moves[1], replace=False)
+        try:
+            return self._run(w, command, args)
+        except BaseException:
+            if moves:
+                try:
+                    self.origin.rename(moves[1], moves[0], replace=False)
+                except OriginError as exc:
+                    log.error("catalog %s failed and %s could not be moved back to %s: %s",
+                              command, moves[1], moves[0], exc)  # fmt: skip
+            raise
+
+    def _run(self, w: Who, command: str, args: dict[str, Any]) -> Any:
         for attempt in range(1, self.attempts + 1):
             meta, version = self.load()
             new, out = apply(meta, w, command, args)

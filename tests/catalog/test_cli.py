@@ -87,7 +87,8 @@ def test_help_on_each_command() -> None:
 
     for c in ("init", "create-catalog", "create-schema", "create-volume", "drop-catalog",
               "drop-schema", "drop-volume", "list", "grant", "revoke", "show-grants",
-              "set-owner", "map-principal"):  # fmt: skip
+              "set-owner", "map-principal", "rename-catalog", "rename-schema",
+              "rename-volume"):  # fmt: skip
         code, out, _ = airfs_main("catalog", c, "--help")
         assert code == 0 and out.startswith(f"usage: airfs catalog {c}"), c
     code, out, _ = airfs_main("catalog", "--help")

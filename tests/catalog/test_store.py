@@ -184,3 +184,40 @@ def test_apply_is_pure() -> None:
     m = Metastore()
     m2, _ = apply(m, ROOT, "create-catalog", {"name": "c"})
     assert m.catalogs == {} and m2 is not None and "c" in m2.catalogs
+
+
+def test_rename_moves_the_directory_and_keeps_the_grants(
+    origin_spec: OriginSpec, tmp_path: Any
+) -> None:
+    store = CatalogStore(origin_spec.view)
+    setup(store)
+    src = tmp_path / "f"
+    src.write_bytes(b"data")
+    origin_spec.view.put("main/raw/images/f.bin", str(src))
+    grant(store, ROOT, "READ VOLUME", "volume", "main.raw.images", "alice")
+    # alice owns nothing and holds no CREATE VOLUME: refused, nothing moved
+    grant(store, ROOT, "USE CATALOG", "catalog", "main", "alice")
+    grant(store, ROOT, "USE SCHEMA", "schema", "main.raw", "alice")
+    with pytest.raises(CatalogError, match="lacks MANAGE on volume main.raw.images"):
+        store.run(ALICE, "rename-volume", {"name": "main.raw.images", "new_name": "pics"})
+    assert origin_spec.view.stat("main/raw/images/f.bin").size == 4
+    out = store.run(ROOT, "rename-volume", {"name": "main.raw.images", "new_name": "pics"})
+    assert out["to"] == "main.raw.pics"
+    assert origin_spec.view.stat("main/raw/pics/f.bin").size == 4
+    with pytest.raises(NotFound):
+        origin_spec.view.stat("main/raw/images/f.bin")
+    meta, _ = store.load()
+    assert meta is not None
+    pics = meta.find(("main", "raw", "pics"))
+    assert pics is not None and pics[-1].grants["alice"] == {P.READ_VOLUME}
+    store.run(ROOT, "create-volume", {"name": "main.raw.other"})
+    with pytest.raises(CatalogError, match="volume main.raw.other exists already"):
+        store.run(ROOT, "rename-volume", {"name": "main.raw.pics", "new_name": "other"})
+    assert origin_spec.view.stat("main/raw/pics/f.bin").size == 4
+    with pytest.raises(CatalogError, match="alice lacks MANAGE on catalog main"):
+        store.run(ALICE, "rename-catalog", {"name": "main", "new_name": "prod"})
+    store.run(ROOT, "set-owner", {"type": "catalog", "name": "main", "principal": "alice"})
+    with pytest.raises(CatalogError, match="only admins rename catalogs"):
+        store.run(ALICE, "rename-catalog", {"name": "main", "new_name": "prod"})
+    store.run(ROOT, "rename-catalog", {"name": "main", "new_name": "prod"})
+    assert origin_spec.view.stat("prod/raw/pics/f.bin").size == 4
