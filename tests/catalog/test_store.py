@@ -198,7 +198,7 @@ def test_rename_moves_the_directory_and_keeps_the_grants(
     # alice owns nothing and holds no CREATE VOLUME: refused, nothing moved
     grant(store, ROOT, "USE CATALOG", "catalog", "main", "alice")
     grant(store, ROOT, "USE SCHEMA", "schema", "main.raw", "alice")
-    with pytest.raises(CatalogError, match="lacks MANAGE on volume main.raw.images"):
+    with pytest.raises(CatalogError, match=r"lacks MANAGE on volume main\.raw\.images"):
         store.run(ALICE, "rename-volume", {"name": "main.raw.images", "new_name": "pics"})
     assert origin_spec.view.stat("main/raw/images/f.bin").size == 4
     out = store.run(ROOT, "rename-volume", {"name": "main.raw.images", "new_name": "pics"})
@@ -211,7 +211,7 @@ def test_rename_moves_the_directory_and_keeps_the_grants(
     pics = meta.find(("main", "raw", "pics"))
     assert pics is not None and pics[-1].grants["alice"] == {P.READ_VOLUME}
     store.run(ROOT, "create-volume", {"name": "main.raw.other"})
-    with pytest.raises(CatalogError, match="volume main.raw.other exists already"):
+    with pytest.raises(CatalogError, match=r"volume main\.raw\.other exists already"):
         store.run(ROOT, "rename-volume", {"name": "main.raw.pics", "new_name": "other"})
     assert origin_spec.view.stat("main/raw/pics/f.bin").size == 4
     with pytest.raises(CatalogError, match="alice lacks MANAGE on catalog main"):
