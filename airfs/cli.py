@@ -462,6 +462,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{'on' if fuse.get('passthrough') else 'off'}; {' '.join(fuse['flags'])}"
             )
         print(f"fuse         {fuse.get('transport')}{extra}")
+    gov = st.get("catalog") or {}
+    if gov.get("catalog", {}).get("governed"):
+        print(
+            f"catalog      governed (serial {gov['catalog']['serial']}); denied "
+            f"{gov['denied']} of {gov['checks']} checks"
+            + "".join(f", {k} {v}" for k, v in sorted(gov["denied_by_privilege"].items()))
+        )
     return 0
 
 
