@@ -97,16 +97,18 @@ class CatalogService:
         raise OSError(d.errno, f"{op} /{path}: not allowed ({what})")
 
     def why(self, caller: Caller, path: str, access: str) -> dict[str, Any]:
-        """What ``caller`` lacks for ``access`` (read/write) on ``path`` (None: nothing the
-        catalog decides; the mode bits may still refuse): for clear errors in the torch
-        package."""
-        d, volume = self._decide(caller, access, path)
-        if d.ok and access == "write" and len(split_path(path)) >= 3:
-            d2 = allowed(self.cache.meta, self.guard.who(caller), "create", path + "/x")
-            d = d2 if not d2.ok else d
+        """What ``caller`` lacks for ``access`` on ``path`` by the mount's own rules:
+        ``"read"`` (open or list it) or ``"write"`` (create or change something in it).
+        ``missing`` None: nothing the catalog decides (the mode bits may still refuse). For
+        clear errors in the torch package."""
+        parts = split_path(path)
+        if access == "write":
+            d = self.guard.decide(caller, "create", f"{path}/x" if path else "x")
+        else:
+            d = self.guard.decide(caller, "open_read", path)
         return {
             "governed": self.cache.meta is not None,
-            "volume": volume if len(split_path(path)) >= 3 else None,
+            "volume": ".".join(parts[:3]) if len(parts) >= 3 else None,
             "missing": d.missing or (d.reason if not d.ok else None),
             "errno": d.errno,
         }
