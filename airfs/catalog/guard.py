@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from airfs.core.context import Caller, groups_of
 
-from .model import OK, RESERVED, Decision, Who, allowed, split_path, visible, who
+from .model import OK, RESERVED, Decision, Who, allowed, split_path, who
 from .store import CacheStats, CatalogCache
 
 log = logging.getLogger(__name__)
@@ -158,7 +158,7 @@ class CatalogGuard:
             return False
         if self.cache.meta is None or dir_path.count("/") >= 2:
             return True  # ungoverned, or inside a volume (its listing was allowed)
-        return visible(self.cache.meta, self.who(caller), dir_path, name)
+        return self.decide(caller, "lookup", f"{dir_path}/{name}" if dir_path else name).ok
 
     def denied(self, caller: Caller, op: str, path: str, d: Decision) -> None:
         """Count and log a denial (made here or by the control socket)."""
