@@ -30,6 +30,5 @@ def explain(exc: PermissionError, path: str, access: str) -> PermissionError:
         return exc
     volume = out.get("volume")
     hint = f" (see airfs catalog show-grants {volume})" if volume else ""
-    return PermissionError(
-        errno.EACCES, f"{path}: permission denied: needs {out['missing']}{hint}", path
-    )
+    # the path is in the message (given as filename too, str() would name it twice)
+    return PermissionError(errno.EACCES, f"{path}: permission denied: needs {out['missing']}{hint}")

@@ -281,3 +281,35 @@ def test_seed_samples_run_with_grants_and_fail_cleanly_without(
     assert a["dcp"][0] == "CheckpointException", a
     assert "needs WRITE VOLUME on volume main.raw.images" in a["dcp"][1], a
     assert a["dataset_secret"][0] == "PermissionError" and missing_read in a["dataset_secret"][1]
+
+
+READ_SEED = """
+V = MP + "/main/raw/images"
+S = MP + "/main/raw/secret"
+r = {}
+def names(root):
+    try:
+        return ["ok", sorted(os.path.basename(p) for p in VolumeDataset(root, shuffle=False,
+                                                                        local_cache=False))]
+    except PermissionError as exc:
+        return ["PermissionError", str(exc)]
+r["dataset"] = names(V)
+r["dataset_secret"] = names(S)
+print(json.dumps(r))
+"""
+
+
+def test_dataset_reads_with_read_volume_and_names_what_is_missing(
+    gsite: Site, folks: People
+) -> None:
+    """The seed's UCVolumeDataset on both origins: a reader lists and reads its volume; on one
+    without READ VOLUME it gets a PermissionError that names the volume and privilege."""
+    pytest.importorskip("torch")
+    out = run_as(folks.alice, gsite.nodes[0].mountpoint, READ_SEED, imports=SEED_IMPORTS)
+    assert out["dataset"] == ["ok", ["a.bin"]], out
+    kind, msg = out["dataset_secret"]
+    assert kind == "PermissionError", out
+    assert msg.endswith(
+        "main/raw/secret: permission denied: needs READ VOLUME on volume main.raw.secret "
+        "(see airfs catalog show-grants main.raw.secret)"
+    ), msg
