@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import errno
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -274,3 +275,59 @@ def test_allowed_matches_the_reference(facts: list[Fact], w: Who, op: str, path:
         assert visible(m, w, parent, name) == (reference(facts, w, "lookup", path) == 0) or (
             len(parent.split("/")) >= 3
         )
+
+
+# -- commands against a set model -----------------------------------------------------------
+
+CMD_OBJECTS = [("catalog", "c"), ("schema", "c.s"), ("volume", "c.s.v")]
+GRANTABLE_BY_KIND: dict[str, list[Privilege]] = {
+    "catalog": list(Privilege),
+    "schema": [p for p in Privilege if p not in (P.USE_CATALOG, P.CREATE_SCHEMA)],
+    "volume": [P.READ_VOLUME, P.WRITE_VOLUME, P.MANAGE, P.ALL_PRIVILEGES],
+}
+
+step_st = st.tuples(
+    st.sampled_from(["grant", "revoke", "set-owner"]),
+    st.sampled_from(CMD_OBJECTS),
+    st.sampled_from(PRINCIPALS),
+    st.integers(0, 7),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(step_st, max_size=30))
+def test_grant_revoke_set_owner_match_a_set_model(steps: list[tuple[str, Any, str, int]]) -> None:
+    """Root runs random grant/revoke/set-owner commands; what show-grants reports on each
+    object (its own entries) is exactly the set of grants and the owner the model holds."""
+    from airfs.catalog.commands import apply
+
+    m: Metastore | None = None
+    setup: list[tuple[str, dict[str, Any]]] = [
+        ("init", {}),
+        ("create-catalog", {"name": "c"}),
+        ("create-schema", {"name": "c.s"}),
+        ("create-volume", {"name": "c.s.v"}),
+    ]
+    for command, cargs in setup:
+        m, _ = apply(m, ROOT, command, cargs)
+    grants: set[tuple[str, str, str]] = set()
+    owners = {name: "root" for _, name in CMD_OBJECTS}
+    for command, (kind, name), principal, i in steps:
+        args: dict[str, Any] = {"type": kind.upper(), "name": name, "principal": principal}
+        if command == "set-owner":
+            owners[name] = principal
+        else:
+            priv = GRANTABLE_BY_KIND[kind][i % len(GRANTABLE_BY_KIND[kind])]
+            args["privilege"] = priv.value.replace(" ", "_").lower()
+            if command == "grant":
+                grants.add((principal, priv.value, name))
+            else:
+                grants.discard((principal, priv.value, name))
+        new, _ = apply(m, ROOT, command, args)
+        assert new is not None
+        m = new
+    for _, name in CMD_OBJECTS:
+        _, shown = apply(m, ROOT, "show-grants", {"name": name})
+        own = {(g["principal"], g["privilege"]) for g in shown if g["inherited_from"] is None}
+        want = {(p, x) for p, x, o in grants if o == name} | {(owners[name], "OWNER")}
+        assert own == want, name
