@@ -397,6 +397,8 @@ class Filesystem:
     @counted
     async def getattr(self, ino: int) -> Attr:
         node = self.inodes.get(ino)
+        if node.path is not None:
+            await self._check("getattr", node.path)
         if node.path is not None and self.area.get(node.path) is not None:
             return self._attr(node)
         if node.path is None:
