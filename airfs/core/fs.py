@@ -298,7 +298,13 @@ class Filesystem:
             return node.entry
         path = self._path(node)
         try:
-            entry, t0 = await self.origin_entry(path)
+            if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
+                # several names: a listing's entry for this one is stale after a change
+                # through another (a link count, a chmod)
+                t0 = time.monotonic()
+                entry = await self._stat(path, fast=True)
+            else:
+                entry, t0 = await self.origin_entry(path)
         except OriginError as exc:
             if not exc.transient or node.entry is None:
                 raise
@@ -905,7 +911,10 @@ class Filesystem:
         async with node.lock:
             if writable:
                 live = await self._stage(node, truncate=trunc)
-                st: Staged | None = await self.area.open_write(live, truncate=trunc)
+                wst = await self.area.open_write(live, truncate=trunc)
+                if trunc:
+                    wst.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
+                st: Staged | None = wst
             else:
                 st = self.area.get(self._path(node))
             if st is not None:
@@ -972,7 +981,7 @@ class Filesystem:
             st = self.area.create(path, base_version=base, mode=mode)
             st.uid, st.gid = uid, gid
             if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
-                await self._claim(st, path)
+                node.entry, node.fetched = await self._claim(st, path), time.monotonic()
             self._dir_changed(path)
             if writable:
                 st = await self.area.open_write(st, truncate=False)
@@ -985,7 +994,7 @@ class Filesystem:
         self.handles[handle.fh] = handle
         return handle.fh, self._staged_attr(node, st)
 
-    async def _claim(self, st: Staged, path: str) -> None:
+    async def _claim(self, st: Staged, path: str) -> Entry:
         """``O_EXCL`` across nodes: the name is taken at the origin now, empty and
         create-if-absent (EEXIST when another node or tool has it), so that two nodes never
         both believe they created it (lock files, ``mkstemp``, object_store's temporary
@@ -1004,6 +1013,7 @@ class Filesystem:
         st.ps.base = entry.version
         st.committed_gen = st.gen  # what is at the origin: nothing to commit until written
         self.listings.record(path, entry)
+        return entry
 
     def _handle(self, fh: int) -> Handle:
         h = self.handles.get(fh)
