@@ -61,6 +61,7 @@ from ..origin.aio import AsyncOrigin
 from ..origin.base import OriginError
 from ..prefetch import Stream
 from ..readpath import ObjectRef
+from .backing import BackingFiles, LocalFile
 from .evict import SpaceLimit
 from .fetch import Fetcher, Kind, Part
 from .hits import HitReader
@@ -199,6 +200,9 @@ class CachedReadPath:
             max_parallel=max_parallel,
         )
         self._budget = self._fetcher.budget
+        self.backing = BackingFiles(
+            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm
+        )
         self._readers: set[CachedReader] = set()
         self._hits = HitReader(self._table, self.stats)
         self._stop = trio.Event()
@@ -214,7 +218,7 @@ class CachedReadPath:
         """Open the cache at ``cache_dir`` and start its background task in ``nursery``.
         ``options`` are the constructor's keyword arguments. Call :meth:`aclose` when done."""
         self = cls(origin, cache_dir, **options)
-        await trio.to_thread.run_sync(self._keeper.open)
+        await trio.to_thread.run_sync(self._open)
         await nursery.start(self._run)
         return self
 
@@ -226,7 +230,7 @@ class CachedReadPath:
         """``async with CachedReadPath.running(...) as rp``: :meth:`create` in a nursery of its
         own, :meth:`aclose` on exit."""
         rp = cls(origin, cache_dir, **options)
-        await trio.to_thread.run_sync(rp._keeper.open)
+        await trio.to_thread.run_sync(rp._open)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(rp._run)
@@ -239,6 +243,10 @@ class CachedReadPath:
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
+
+    def _open(self) -> None:
+        self._keeper.open()
+        self.backing.verified.load()
 
     async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._run_done = trio.Event()
@@ -345,6 +353,13 @@ class CachedReadPath:
         finally:
             cobj.pins -= 1
             self._table.maybe_release(cobj)
+
+    async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+        """The complete, verified cache file of ``obj``, pinned until its ``release`` (None
+        when not all of it is cached); fetched whole first when up to ``fetch_max`` bytes.
+        See :mod:`airfs.cache.backing`."""
+        self._check_running()
+        return await self.backing.acquire(obj, fetch_max=fetch_max)
 
     def statistics(self) -> CacheStatistics:
         """A frozen snapshot for ``airfs status`` and metrics (fields: :class:`CacheStatistics`)."""

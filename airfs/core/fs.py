@@ -39,6 +39,7 @@ from airfs.writeback.staging import Staged, StagingArea
 from .attrs import Attr, Owner, attr_of, attr_of_entry
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
+from .passthrough import Passthrough
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +129,7 @@ class Filesystem:
         self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
         self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
         self._mtimes = caps.mtimes
+        self.passthrough = Passthrough(area, readpath, self.inodes)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -161,6 +163,7 @@ class Filesystem:
         return path
 
     def _staged_attr(self, node: Node, st: Staged) -> Attr:
+        self.passthrough.sync(st)
         return attr_of(node.ino, Kind.FILE, st.size, st.mtime_ns, st.mode, self.owner)
 
     def _attr(self, node: Node) -> Attr:
@@ -352,6 +355,7 @@ class Filesystem:
                 else:
                     live = await self._stage(node, truncate=size == 0)
                     st = await self.area.open_write(live, truncate=size == 0)
+                    self.passthrough.in_place(st)
                     temporary = True
                 st.refs += 1  # keep it while we wait below
                 try:
@@ -641,7 +645,7 @@ class Filesystem:
         never written again, its writers move to a copy."""
         st = h.staged
         assert st is not None
-        if not (st.closed_version or st.uploading):
+        if not (st.closed_version or st.uploading) or self.passthrough.in_place(st):
             return st
         new = await self.area.fork(st)
         for other in self.handles.values():
@@ -788,6 +792,7 @@ class Filesystem:
         content is journaled (it survives a daemon crash from here on)."""
         h = self._handle(fh)
         st = h.staged
+        self.passthrough.sync(st)
         if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
             self.area.journal_closed(st)
 
@@ -796,6 +801,7 @@ class Filesystem:
         h = self.handles.pop(fh, None)
         if h is None:
             return
+        self.passthrough.release(h)
         st = h.staged
         try:
             if st is not None:
@@ -819,12 +825,21 @@ class Filesystem:
                 h.node.staged = None
             self.inodes.maybe_drop(h.node)
 
+    async def passthrough_source(self, fh: int) -> tuple[int, str] | None:
+        """For a transport with FUSE passthrough, right after ``open``/``create`` returned
+        ``fh``: the local file (fd, key naming its content) that may serve all of the handle's
+        reads and writes in the kernel, or None to serve it here. ESTALE (after which the
+        caller releases ``fh``) when the inode's other opens pass through other bytes. See
+        :mod:`airfs.core.passthrough`."""
+        return await self.passthrough.source(self._handle(fh))
+
     @counted
     async def fsync(self, fh: int) -> None:
         """Return once this file's content (and the closed versions before it) is committed
         at the origin; EIO naming the file if it cannot be, or lost a conflict."""
         h = self._handle(fh)
         st = h.staged
+        self.passthrough.sync(st)
         if st is None or st.path is None:
             return
         if st.dirty:

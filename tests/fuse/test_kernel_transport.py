@@ -59,7 +59,12 @@ def test_status_reports_what_was_negotiated(kvolume: Volume) -> None:
     assert kvolume.m.status()["read_ahead_kb"] == 1024
 
 
-def test_large_writes_arrive_as_large_requests(kvolume: Volume) -> None:
+def test_large_writes_arrive_as_large_requests(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemon-served writes (passthrough off: with it, the daemon sees none at all)."""
+    monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")
+    kvolume: Volume = make_volume("--no-passthrough")  # type: ignore[operator]
     fuse = kvolume.m.status()["fuse"]
     before = kvolume.m.status()["fs"]["ops"].get("write", 0)
     data = os.urandom(8 << 20)
@@ -253,13 +258,13 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
     mnt = str(tmp_path / "mnt")
 
     class LocalBytes(Filesystem):
-        def passthrough_fd(self, fh: int) -> int | None:
+        async def passthrough_source(self, fh: int) -> tuple[int, str] | None:
             h = self.handles[fh]
             if h.writable or h.node.path is None:
                 return None
             fd = os.open(odir / h.node.path, os.O_RDONLY | os.O_CLOEXEC)
             self.fds.append(fd)
-            return fd
+            return fd, f"origin:{h.node.path}"
 
     sync = PosixOrigin(str(odir))
     origin = AsyncOrigin(sync)

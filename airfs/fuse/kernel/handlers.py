@@ -1,7 +1,9 @@
 """The request handlers of the kernel transport: unpack a request's arguments, call the core
 exactly as the pyfuse3 adapter does, pack the reply (``OSError`` propagates to the session,
 which answers ``-errno``). No file-system state lives here; the only bookkeeping is the backing
-id of each passthrough open, closed at its RELEASE.
+ids of passthrough opens: one per inode, shared by its concurrent passthrough opens (the core
+decides which opens pass through and guarantees they name one file per inode), registered at
+the first and closed at the RELEASE of the last.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import os
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+import trio
 
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
@@ -38,8 +42,10 @@ class Handlers:
     minor: int
     negotiated: Negotiated | None
     counts: dict[str, int]
+    #: file handle -> inode of each passthrough open; inode -> [key, backing id, opens]
     _backing_ids: dict[int, int]
-    _passthrough_fd: Callable[[int], int | None] | None
+    _inode_backing: dict[int, list[Any]]
+    passthrough: bool
 
     def handler_table(self) -> dict[int, Callable[[Request], Coroutine[Any, Any, Any]]]:
         """The handler of each opcode served through the core (others: see the session)."""
@@ -172,31 +178,48 @@ class Handlers:
         out = proto.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
-        backing = self._backing(fh)
+        backing = await self._backing(fh, req.nodeid)
         if backing is None:
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
         out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
-        # the opener looks the id up after our reply: it stays registered until RELEASE
-        self._backing_ids[fh] = backing
-        self.counts["passthrough_opens"] += 1
         return proto.open_out(fh, out, backing)
 
-    def _backing(self, fh: int) -> int | None:
-        """A backing id for handle ``fh`` when passthrough was negotiated and the core names a
-        local file holding all of the handle's bytes; None to serve it through the daemon."""
-        if self._passthrough_fd is None or self.negotiated is None:
-            return None
-        if not self.negotiated.passthrough:
-            return None
-        fd = self._passthrough_fd(fh)
-        if fd is None:
+    async def _backing(self, fh: int, ino: int) -> int | None:
+        """The backing id for the just-opened handle ``fh`` of inode ``ino`` when passthrough
+        was negotiated and the core names a local file holding all of the handle's bytes;
+        None to serve it through the daemon. The id is the inode's (registered at its first
+        passthrough open: the opener looks it up after our reply, so it stays registered
+        until the RELEASE of the inode's last passthrough open). An error of the core's query
+        (ESTALE) releases ``fh`` and propagates."""
+        if not self.passthrough or self.negotiated is None or not self.negotiated.passthrough:
             return None
         try:
-            return open_backing(self.fd, fd)
-        except OSError as exc:
-            log.warning("passthrough refused (%s); serving through the daemon", exc)
+            src = await self.fs.passthrough_source(fh)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.fs.release(fh)
+            raise
+        if src is None:
             return None
+        fd, key = src
+        have = self._inode_backing.get(ino)
+        if have is not None and have[0] != key:  # the core guarantees this never happens
+            log.error("inode %d: passthrough of %s while %s is its backing file", ino, key, have[0])
+            self.fs.passthrough.refused(fh)
+            return None
+        if have is None:
+            try:
+                backing = open_backing(self.fd, fd)
+            except OSError as exc:
+                log.warning("passthrough refused (%s); serving through the daemon", exc)
+                self.fs.passthrough.refused(fh)
+                return None
+            have = self._inode_backing[ino] = [key, backing, 0]
+        have[2] += 1
+        self._backing_ids[fh] = ino
+        self.counts["passthrough_opens"] += 1
+        return int(have[1])
 
     def _close_backing(self, backing: int) -> None:
         try:
@@ -208,7 +231,10 @@ class Handlers:
         flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
         nm = proto.name(req.body, proto.CREATE_IN.size)
         fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
-        return [self._entry(a), proto.open_out(fh, 0)]
+        backing = await self._backing(fh, a.ino)
+        if backing is None:
+            return [self._entry(a), proto.open_out(fh, 0)]
+        return [self._entry(a), proto.open_out(fh, proto.FOPEN_PASSTHROUGH, backing)]
 
     async def _read(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READ")
@@ -231,9 +257,13 @@ class Handlers:
 
     async def _release(self, req: Request) -> Payload:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
-        backing = self._backing_ids.pop(fh, None)
-        if backing is not None:
-            self._close_backing(backing)
+        ino = self._backing_ids.pop(fh, None)
+        have = self._inode_backing.get(ino) if ino is not None else None
+        if ino is not None and have is not None:
+            have[2] -= 1
+            if have[2] <= 0:
+                del self._inode_backing[ino]
+                self._close_backing(int(have[1]))
         await self.fs.release(fh)
         return b""
 
