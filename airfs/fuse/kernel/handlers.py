@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 Payload = bytes | list[bytes]
 #: returned by handlers of requests that take no reply (FORGET, BATCH_FORGET)
 NO_REPLY: Any = object()
+#: directories whose last listing signature is remembered (for FOPEN_KEEP_CACHE)
+DIR_SIGNATURES_MAX = 4096
 
 
 class Handlers:
@@ -45,6 +47,8 @@ class Handlers:
     #: file handle -> inode of each passthrough open; inode -> [key, backing id, opens]
     _backing_ids: dict[int, int]
     _inode_backing: dict[int, list[Any]]
+    #: directory inode -> signature of the listing the kernel may hold in its cache
+    _dir_sigs: dict[int, int]
     passthrough: bool
 
     def handler_table(self) -> dict[int, Callable[[Request], Coroutine[Any, Any, Any]]]:
@@ -276,7 +280,35 @@ class Handlers:
         return b""
 
     async def _opendir(self, req: Request) -> Payload:
-        return proto.open_out(await self.fs.opendir(req.nodeid), 0)
+        """Directory handles are opened with ``FOPEN_CACHE_DIR`` (the kernel keeps what it
+        reads in the directory's page cache), plus ``FOPEN_KEEP_CACHE`` when the listing the
+        core just took is the one the kernel cached at the previous open (same names, kinds
+        and inode numbers): then ``readdir`` is answered by the kernel alone."""
+        fh = await self.fs.opendir(req.nodeid)
+        sig = self._listing_signature(fh)
+        keep = sig is not None and self._dir_sigs.get(req.nodeid) == sig
+        if sig is None:
+            self._dir_sigs.pop(req.nodeid, None)
+        else:
+            self._dir_sigs[req.nodeid] = sig
+            while len(self._dir_sigs) > DIR_SIGNATURES_MAX:
+                self._dir_sigs.pop(next(iter(self._dir_sigs)))
+        out = proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
+        self.counts["dir_cache_kept"] += keep
+        return proto.open_out(fh, out)
+
+    def _listing_signature(self, fh: int) -> int | None:
+        d = self.fs.dirs.get(fh)
+        if d is None or d.node.path is None:
+            return None
+        prefix = f"{d.node.path}/" if d.node.path else ""
+        at = self.fs.inodes.at
+        return hash(
+            tuple(
+                (name, kind, node.ino if (node := at(prefix + name)) is not None else 0)
+                for name, kind, *_ in d.entries
+            )
+        )
 
     async def _readdir(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READDIR")

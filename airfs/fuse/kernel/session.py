@@ -106,10 +106,12 @@ class Session(Handlers):
             "interrupts": 0,
             "errors": 0,
             "passthrough_opens": 0,
+            "dir_cache_kept": 0,
         }
         #: passthrough opens: file handle -> inode, inode -> [key, backing id, opens]
         self._backing_ids: dict[int, int] = {}
         self._inode_backing: dict[int, list[Any]] = {}
+        self._dir_sigs: dict[int, int] = {}
         self._handlers = self.handler_table()
 
     # -- the loop ------------------------------------------------------------------------------
