@@ -132,7 +132,9 @@ class CachedReadPath:
         free space to leave on the cache's file system (the cache shrinks below
         ``cache_size`` to keep it);
     ``block_size``
-        the cache and fetch unit (default 1 MiB); ``checksum_chunk`` (a divisor of it, default
+        the cache and fetch unit (default 256 KiB: what a random small read fetches, so 64
+        random 4 KiB reads of a cold file pull at most 64 blocks; sequential reads fetch
+        ``part_size`` parts regardless); ``checksum_chunk`` (a divisor of it, default
         128 KiB) is the checksum unit, so a read verifies only the chunks it touches;
     ``initial_window`` / ``max_window``
         first and largest prefetch request of a sequential stream (1 MiB, 128 MiB);
@@ -156,7 +158,7 @@ class CachedReadPath:
         *,
         cache_size: int,
         min_free: int = 0,
-        block_size: int = 1 << 20,
+        block_size: int = 256 << 10,
         checksum_chunk: int = 128 << 10,
         initial_window: int = 1 << 20,
         max_window: int = 128 << 20,
