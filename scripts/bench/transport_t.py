@@ -423,8 +423,7 @@ def t9(b: Bench) -> None:
             b.row("T9", "S3 cold sequential read", vals, "s3fs (defaults)", s3, "MiB/s", 1.2)
         else:
             b.notes.append("T9: s3fs is not installed here; not measured.")
-        if not peers["rclone"]:
-            b.notes.append("T9: rclone is not installed here; not measured.")
+        b.notes.append("T9: rclone is not run by this script (run.py's scenario 6b mounts it).")
 
 
 # -- report ------------------------------------------------------------------------------------
