@@ -99,6 +99,12 @@ def test_cached_file_is_read_by_the_kernel(pvolume: Callable[..., Volume]) -> No
     p1, r1, _ = counts(v)
     assert p1 == p0 + 1 and r1 == r0, (p0, p1, r0, r1)  # no read reached the daemon
     assert status(v)["fuse"]["backing_verifications"] >= 1
+    # concurrent opens of one inode share one backing file (the kernel's rule)
+    with open(v.root / "big.bin", "rb") as a, open(v.root / "big.bin", "rb") as b:
+        fuse = status(v)["fuse"]
+        assert fuse["passthrough_handles"] == 2 and fuse["backing_files"] == 1
+        assert a.read(4096) == b.read(4096) == data[:4096]
+    assert status(v)["fuse"]["backing_files"] == 0
 
 
 def test_small_cold_file_is_fetched_whole_at_open(pvolume: Callable[..., Volume]) -> None:
