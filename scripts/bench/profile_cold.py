@@ -60,7 +60,8 @@ def main() -> int:
                 rec = subprocess.Popen([spy, "record", "-p", str(m.pid), "-r", str(a.rate),
                                         "-f", "raw", "-o", str(raw), "--threads",
                                         "--nonblocking"],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)  # fmt: skip
+                                       stdout=subprocess.DEVNULL,
+                                       stderr=subprocess.PIPE)  # fmt: skip
                 time.sleep(1.0)
                 fd = os.open(work / "mnt" / "big.bin", os.O_RDONLY)
                 n, t0 = 0, time.perf_counter()
@@ -80,20 +81,20 @@ def main() -> int:
         for line in raw.read_text().splitlines():
             stack, _, count = line.rpartition(" ")
             c = int(count)
-            frames = [f.split(" (")[0] for f in stack.split(";")[1:]]  # drop the thread name
+            frames = [fr.split(" (")[0] for fr in stack.split(";")[1:]]  # no thread name
             if not frames:
                 continue
             total += c
             own[frames[-1]] += c
-            for f in set(frames):
-                incl[f] += c
+            for fr in set(frames):
+                incl[fr] += c
         print(f"{total} samples")
         print("self:")
-        for f, c in own.most_common(a.top):
-            print(f"  {100 * c / total:5.1f}%  {f}")
+        for name, c in own.most_common(a.top):
+            print(f"  {100 * c / total:5.1f}%  {name}")
         print("inclusive:")
-        for f, c in incl.most_common(a.top):
-            print(f"  {100 * c / total:5.1f}%  {f}")
+        for name, c in incl.most_common(a.top):
+            print(f"  {100 * c / total:5.1f}%  {name}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

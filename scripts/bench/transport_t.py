@@ -115,7 +115,7 @@ class Bench:
     def row(self, num: str, scen: str, vals: dict[str, list[float]], base: str,
             bv: list[float], unit: str, target: float, higher: bool = True) -> None:  # fmt: skip
         med = statistics.median
-        r = {"num": num, "scen": scen, "base": base, "bv": med(bv), "unit": unit,
+        r: Row = {"num": num, "scen": scen, "base": base, "bv": med(bv), "unit": unit,
              "target": target, "higher": higher, "vals": {k: med(v) for k, v in vals.items()},
              "samples": {**{k: v for k, v in vals.items()}, base: bv}}  # fmt: skip
         self.rows.append(r)
@@ -339,8 +339,10 @@ def t6_t7(b: Bench) -> None:
         cache = Path(tempfile.mkdtemp(prefix=f"img-{t}-", dir=b.work))
         with mounted(str(origin), b.mp(t), cache, "--fuse", t, *emulate) as m:
             ds = VolumeDataset(m.mountpoint / "img", pattern="*.raw")
-            r = epochs(lambda ds=ds: DataLoader(tp.Decoded(ds), batch_size=64, num_workers=2),
-                       ds.set_epoch)  # fmt: skip
+            def make(ds: Any = ds) -> Any:
+                return DataLoader(tp.Decoded(ds), batch_size=64, num_workers=2)
+
+            r = epochs(make, ds.set_epoch)
             e1[t], e2[t] = [r[0]], [r[1]]
     with mounted(str(origin), b.mp("plain"), b.work / "cache-plain", *emulate, "--no-cache") as m:
         plain = epochs(stock(m.mountpoint / "img"), None)
