@@ -127,16 +127,20 @@ class BackingFiles:
     async def acquire(self, ref: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
         """The cache file of ``ref`` if it is complete and verified (pinned until the returned
         file's ``release``), else None. An object up to ``fetch_max`` bytes that is not
-        complete is fetched whole first (one range read for a small file). Origin errors of
-        that fetch propagate."""
+        complete, and that nothing else is filling (an adopt, a warm, a fetch), is fetched
+        whole first (one range read for a small file). Origin errors of that fetch
+        propagate."""
         if ref.size <= 0:
             return None
         t = self._table
         obj = t.object_for(ref)
+        # an adopt (a file this node just committed) or a warm is filling it: let it, rather
+        # than race it with fetches from the origin (whose version may be gone already)
+        busy = bool(obj.pins or obj.inflight)
         obj.pins += 1
         try:
             await self._keeper.ensure_loaded(obj)
-            if not self._complete(obj) and ref.size <= fetch_max:
+            if not self._complete(obj) and ref.size <= fetch_max and not busy:
                 t.touch(obj)
                 await self._warm(obj)
                 self.fetched_whole += 1
