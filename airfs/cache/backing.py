@@ -160,6 +160,7 @@ class BackingFiles:
             t.maybe_release(obj)
             raise
         t.touch(obj)
+        obj.passed_through = True
         released = False
 
         def release() -> None:

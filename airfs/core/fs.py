@@ -825,13 +825,13 @@ class Filesystem:
                 h.node.staged = None
             self.inodes.maybe_drop(h.node)
 
-    async def passthrough_source(self, fh: int) -> tuple[int, str] | None:
+    async def passthrough_source(self, fh: int, *, rdwr: bool = False) -> tuple[int, str] | None:
         """For a transport with FUSE passthrough, right after ``open``/``create`` returned
         ``fh``: the local file (fd, key naming its content) that may serve all of the handle's
         reads and writes in the kernel, or None to serve it here. ESTALE (after which the
         caller releases ``fh``) when the inode's other opens pass through other bytes. See
         :mod:`airfs.core.passthrough`."""
-        return await self.passthrough.source(self._handle(fh))
+        return await self.passthrough.source(self._handle(fh), rdwr=rdwr)
 
     @counted
     async def fsync(self, fh: int) -> None:

@@ -6,14 +6,15 @@ file holding every byte of that handle and a *key* naming that file's content, o
 the handle through the daemon. The bytes of a handle are local when
 
 * it is a **staged** file (written on this node, not yet committed or still open for writing):
-  the staging file itself, for reads *and* writes. Writes then bypass the daemon, so what the
+  the staging file itself, for reads *and* writes (an ``O_RDWR`` writer does not start
+  passthrough: see :meth:`Passthrough.source`). Writes then bypass the daemon, so what the
   core knows of the file (size, mtime, generation) is brought up to date from the staging
   file's ``fstat`` (:meth:`Passthrough.sync`) whenever it matters: at every ``flush``
   (``close()``), ``fsync``, ``release`` and attribute reply. The version is then journaled and
   committed exactly as a daemon-written one (so it survives kill -9 once closed);
 * it is a **read-only open of an origin object complete in the block cache**: the cache file,
-  pinned against eviction while any such open lives, and verified (see
-  :mod:`airfs.cache.backing`). An uncached object up to ``small_max`` bytes is fetched whole
+  pinned against eviction while any such open lives, never hole-punched afterwards (a mapping
+  may outlive the open), and verified (see :mod:`airfs.cache.backing`). An uncached object up to ``small_max`` bytes is fetched whole
   first (one range read) and then passed through.
 
 Per-inode mode (the kernel's rules: one backing file per inode across its concurrent opens,
@@ -121,17 +122,22 @@ class Passthrough:
 
     # -- the open-time decision ----------------------------------------------------------------
 
-    async def source(self, h: Handle) -> tuple[int, str] | None:
+    async def source(self, h: Handle, *, rdwr: bool = False) -> tuple[int, str] | None:
         """The local file (fd, key) that serves every byte of the just-opened handle ``h``,
         or None to serve it through the daemon. Raises ``OSError(ESTALE)`` when the inode's
         other opens pass through a different file (the inode was detached from its path: the
-        caller releases ``h`` and answers ESTALE, and the kernel retries on a new inode)."""
+        caller releases ``h`` and answers ESTALE, and the kernel retries on a new inode).
+
+        ``rdwr``: the open is ``O_RDWR``, so it may be mapped shared and writable, and the
+        kernel's passthrough mapping outlives the open (writes made through it after the
+        ``close()`` would never be journaled): such an open does not *start* passthrough of a
+        staged file (it joins one already running on the inode, never mixing modes)."""
         ino = h.node.ino
         mode = self._modes.get(ino)
         if mode is not None and not mode.passthrough:
             self._daemon(h, mode)
             return None
-        cand = await self._candidate(h, starting=mode is None)
+        cand = await self._candidate(h, starting=mode is None, rdwr=rdwr)
         mode = self._modes.get(ino)  # other opens may have decided while we waited
         if mode is None:
             if cand is None:
@@ -170,10 +176,10 @@ class Passthrough:
         self._opens[h.fh] = _Open(h.node.ino, False)
         self.counts["daemon_opens"] += 1
 
-    async def _candidate(self, h: Handle, *, starting: bool) -> _Candidate | None:
+    async def _candidate(self, h: Handle, *, starting: bool, rdwr: bool) -> _Candidate | None:
         st = h.staged
         if st is not None:
-            if h.writable and starting and not self._room():
+            if h.writable and starting and (rdwr or not self._room()):
                 return None
             return _Candidate(st.fd, f"staged:{st.id}")
         ref: ObjectRef | None = getattr(h.reader, "ref", None)

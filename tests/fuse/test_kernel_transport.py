@@ -258,7 +258,9 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
     mnt = str(tmp_path / "mnt")
 
     class LocalBytes(Filesystem):
-        async def passthrough_source(self, fh: int) -> tuple[int, str] | None:
+        async def passthrough_source(
+            self, fh: int, *, rdwr: bool = False
+        ) -> tuple[int, str] | None:
             h = self.handles[fh]
             if h.writable or h.node.path is None:
                 return None

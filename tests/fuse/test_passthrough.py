@@ -192,17 +192,27 @@ def test_stat_size_follows_a_passthrough_writer(pvolume: Callable[..., Volume]) 
 
 
 def test_mmap_read_and_write(pvolume: Callable[..., Volume]) -> None:
+    """Shared read-only mappings pass through; an ``O_RDWR`` open (which may be mapped
+    writable, and a passthrough mapping outlives the open) is daemon-served, so writes made
+    through a mapping after ``close()`` are still journaled and committed."""
     v = pvolume()
     data = bytearray(os.urandom(2 * MiB))
     (v.root / "m.bin").write_bytes(data)
     p0, r0, w0 = counts(v)
-    with open(v.root / "m.bin", "r+b") as f, mmap.mmap(f.fileno(), 0) as m:
-        assert m[:4096] == data[:4096]
+    with open(v.root / "m.bin", "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+        assert m[:4096] == data[:4096] and m[-10:] == data[-10:]
+    p1, r1, w1 = counts(v)
+    assert p1 == p0 + 1 and (r1, w1) == (r0, w0)  # read by the kernel from the staging file
+    with open(v.root / "m.bin", "r+b") as f:
+        m = mmap.mmap(f.fileno(), 0)
+    try:  # the descriptor is closed; the mapping lives on
         m[MiB : MiB + 5] = b"HELLO"
         m.flush()
+    finally:
+        m.close()
     data[MiB : MiB + 5] = b"HELLO"
-    p1, r1, w1 = counts(v)
-    assert p1 == p0 + 1 and (r1, w1) == (r0, w0)
+    p2, _, _ = counts(v)
+    assert p2 == p1  # the O_RDWR open was served by the daemon
     assert (v.root / "m.bin").read_bytes() == data
     v.m.flush()
     assert v.origin_bytes("m.bin") == bytes(data)
@@ -245,9 +255,12 @@ def test_eviction_pressure_spares_open_backing_files(pvolume: Callable[..., Volu
     for name, data in files.items():
         put_origin(v, name, data)
     warm(v.root / "e0.bin")
+    warm(v.root / "e3.bin")
+    with open(v.root / "e3.bin", "rb") as f:  # a read-only mapping that outlives its open
+        mapped = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
     held = open(v.root / "e0.bin", "rb")  # noqa: SIM115
     try:
-        assert counts(v)[0] == 1
+        assert counts(v)[0] == 2
         for name in ("e1.bin", "e2.bin", "e3.bin"):
             assert (v.root / name).read_bytes() == files[name]
         cache = status(v)["cache"]
@@ -255,8 +268,10 @@ def test_eviction_pressure_spares_open_backing_files(pvolume: Callable[..., Volu
         origin_before = cache["origin_bytes_read"]
         assert held.read() == files["e0.bin"]
         assert status(v)["cache"]["origin_bytes_read"] == origin_before
+        assert mapped[:] == files["e3.bin"]  # never punched under the mapping
     finally:
         held.close()
+        mapped.close()
     backing = [p for p in glob.glob(str(v.tmp / "cache/blocks/data/*/*")) if os.path.isfile(p)]
     assert backing  # e0 is still cached: opened again, it passes through with no fetch
     p0, r0, _ = counts(v)

@@ -182,14 +182,14 @@ class Handlers:
         out = proto.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
-        backing = await self._backing(fh, req.nodeid)
+        backing = await self._backing(fh, req.nodeid, flags)
         if backing is None:
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
         out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
         return proto.open_out(fh, out, backing)
 
-    async def _backing(self, fh: int, ino: int) -> int | None:
+    async def _backing(self, fh: int, ino: int, flags: int) -> int | None:
         """The backing id for the just-opened handle ``fh`` of inode ``ino`` when passthrough
         was negotiated and the core names a local file holding all of the handle's bytes;
         None to serve it through the daemon. The id is the inode's (registered at its first
@@ -199,7 +199,8 @@ class Handlers:
         if not self.passthrough or self.negotiated is None or not self.negotiated.passthrough:
             return None
         try:
-            src = await self.fs.passthrough_source(fh)
+            rdwr = flags & os.O_ACCMODE == os.O_RDWR
+            src = await self.fs.passthrough_source(fh, rdwr=rdwr)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await self.fs.release(fh)
@@ -235,7 +236,7 @@ class Handlers:
         flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
         nm = proto.name(req.body, proto.CREATE_IN.size)
         fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
-        backing = await self._backing(fh, a.ino)
+        backing = await self._backing(fh, a.ino, flags)
         if backing is None:
             return [self._entry(a), proto.open_out(fh, 0)]
         return [self._entry(a), proto.open_out(fh, proto.FOPEN_PASSTHROUGH, backing)]
