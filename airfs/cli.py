@@ -165,6 +165,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
         fuse=args.fuse,
+        passthrough=not args.no_passthrough,
         rebuild_journal=args.rebuild_journal,
     )
 
@@ -632,6 +633,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_TRANSPORT,
         help=f"FUSE transport: airfs's own kernel-protocol loop, or libfuse through pyfuse3 "
         f"(default {DEFAULT_TRANSPORT})",
+    )
+    m.add_argument(
+        "--no-passthrough",
+        action="store_true",
+        help="kernel transport: serve every read and write through the daemon, never by FUSE "
+        "passthrough of local (cached or staged) files",
     )
     m.add_argument(
         "--rebuild-journal",

@@ -84,6 +84,8 @@ class MountConfig:
     emulate_bandwidth: int | None = None
     #: how requests reach the core: "pyfuse3" (libfuse) or "kernel" (airfs's own transport)
     fuse: str = DEFAULT_TRANSPORT
+    #: kernel transport: FUSE passthrough of local bytes when the kernel and CAP_SYS_ADMIN allow
+    passthrough: bool = True
     #: rebuild a lost or damaged journal from the staging files' own records
     rebuild_journal: bool = False
 
@@ -490,6 +492,7 @@ class Daemon:
                 allow_other=_allow_other(cfg),
                 debug=cfg.debug,
                 on_init=initialized.set,
+                passthrough=cfg.passthrough,
             )
         except TransportError as exc:
             raise MountError(str(exc)) from None

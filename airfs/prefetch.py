@@ -16,7 +16,7 @@ How the window behaves
   (``ahead`` is the end of what it has requested). When less than half a window is left ahead
   of the reader, it requests more up to ``position + window``; every request after the first
   doubles the window first, up to ``max_window``. With the defaults the first prefetch is 1 MiB
-  (on top of the 1 MiB block the first read itself needs), then 2, 4, ... 128 MiB.
+  (on top of the block the first read itself needs), then 2, 4, ... 128 MiB.
 * **Jumps.** While sequential, a read that lands within ``seek_tolerance`` behind the furthest
   position read, or anywhere up to ``seek_tolerance`` past what has already been requested,
   keeps the stream (concurrent kernel read-ahead requests arrive slightly out of order; readers

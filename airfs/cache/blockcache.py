@@ -61,6 +61,7 @@ from ..origin.aio import AsyncOrigin
 from ..origin.base import OriginError
 from ..prefetch import Stream
 from ..readpath import ObjectRef
+from .backing import BackingFiles, LocalFile
 from .evict import SpaceLimit
 from .fetch import Fetcher, Kind, Part
 from .hits import HitReader
@@ -131,7 +132,9 @@ class CachedReadPath:
         free space to leave on the cache's file system (the cache shrinks below
         ``cache_size`` to keep it);
     ``block_size``
-        the cache and fetch unit (default 1 MiB); ``checksum_chunk`` (a divisor of it, default
+        the cache and fetch unit (default 256 KiB: what a random small read fetches, so 64
+        random 4 KiB reads of a cold file pull at most 64 blocks; sequential reads fetch
+        ``part_size`` parts regardless); ``checksum_chunk`` (a divisor of it, default
         128 KiB) is the checksum unit, so a read verifies only the chunks it touches;
     ``initial_window`` / ``max_window``
         first and largest prefetch request of a sequential stream (1 MiB, 128 MiB);
@@ -155,7 +158,7 @@ class CachedReadPath:
         *,
         cache_size: int,
         min_free: int = 0,
-        block_size: int = 1 << 20,
+        block_size: int = 256 << 10,
         checksum_chunk: int = 128 << 10,
         initial_window: int = 1 << 20,
         max_window: int = 128 << 20,
@@ -199,6 +202,9 @@ class CachedReadPath:
             max_parallel=max_parallel,
         )
         self._budget = self._fetcher.budget
+        self.backing = BackingFiles(
+            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm
+        )
         self._readers: set[CachedReader] = set()
         self._hits = HitReader(self._table, self.stats)
         self._stop = trio.Event()
@@ -214,7 +220,7 @@ class CachedReadPath:
         """Open the cache at ``cache_dir`` and start its background task in ``nursery``.
         ``options`` are the constructor's keyword arguments. Call :meth:`aclose` when done."""
         self = cls(origin, cache_dir, **options)
-        await trio.to_thread.run_sync(self._keeper.open)
+        await trio.to_thread.run_sync(self._open)
         await nursery.start(self._run)
         return self
 
@@ -226,7 +232,7 @@ class CachedReadPath:
         """``async with CachedReadPath.running(...) as rp``: :meth:`create` in a nursery of its
         own, :meth:`aclose` on exit."""
         rp = cls(origin, cache_dir, **options)
-        await trio.to_thread.run_sync(rp._keeper.open)
+        await trio.to_thread.run_sync(rp._open)
         try:
             async with trio.open_nursery() as nursery:
                 await nursery.start(rp._run)
@@ -239,6 +245,10 @@ class CachedReadPath:
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
+
+    def _open(self) -> None:
+        self._keeper.open()
+        self.backing.verified.load()
 
     async def _run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         self._run_done = trio.Event()
@@ -345,6 +355,13 @@ class CachedReadPath:
         finally:
             cobj.pins -= 1
             self._table.maybe_release(cobj)
+
+    async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+        """The complete, verified cache file of ``obj``, pinned until its ``release`` (None
+        when not all of it is cached); fetched whole first when up to ``fetch_max`` bytes.
+        See :mod:`airfs.cache.backing`."""
+        self._check_running()
+        return await self.backing.acquire(obj, fetch_max=fetch_max)
 
     def statistics(self) -> CacheStatistics:
         """A frozen snapshot for ``airfs status`` and metrics (fields: :class:`CacheStatistics`)."""

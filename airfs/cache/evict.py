@@ -10,7 +10,9 @@ used:
 2. only if that is not enough: single blocks of objects that *are* in use, but never blocks
    inside a reader's active range (:meth:`airfs.prefetch.Stream.active_range`: its position,
    a seek tolerance behind it, and its prefetch horizon), nor blocks of an object being warmed
-   or adopted, nor blocks being fetched. This is what lets a file larger than the cache be
+   or adopted, nor blocks being fetched, nor blocks of a file that was a passthrough backing
+   file (a process may still have it mapped; whole-object eviction unlinks, which a mapping
+   survives). This is what lets a file larger than the cache be
    streamed through it.
 
 If both passes together cannot free enough, the reservation fails and the fetched data is
@@ -119,7 +121,7 @@ def plan_eviction(
         if plan.nbytes >= need:
             break
         have = obj.have
-        if have is None or obj.pins:
+        if have is None or obj.pins or obj.passed_through:
             continue
         ranges = _protected(obj)
         picked = []

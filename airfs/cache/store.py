@@ -90,6 +90,7 @@ class CachedObject:
         "loading",
         "nblocks",
         "nchunks",
+        "passed_through",
         "path",
         "pins",
         "punch_done",
@@ -130,6 +131,9 @@ class CachedObject:
         self.file_created = not loaded  # a loaded-from-index object has a file on disk
         self.io = 0
         self.pins = 0
+        #: handed to the kernel as a passthrough backing file in this run: a mapping of it may
+        #: outlive the open, so its blocks are never punched out (it is evicted whole or not)
+        self.passed_through = False
         self.readers: set[Any] = set()
         self.inflight: dict[int, Any] = {}
         self.dead = False

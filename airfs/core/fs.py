@@ -50,6 +50,7 @@ from .attrs import Attr, Owner, attr_of, attr_of_entry, kind_of_mode
 from .context import Guard, current_caller
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
+from .passthrough import Passthrough
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +147,7 @@ class Filesystem:
         self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
         self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
         self._mtimes = caps.mtimes
+        self.passthrough = Passthrough(area, readpath, self.inodes)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -179,6 +181,7 @@ class Filesystem:
         return path
 
     def _staged_attr(self, node: Node, st: Staged) -> Attr:
+        self.passthrough.sync(st)
         owner = Owner(
             self.owner.uid if st.uid is None else st.uid,
             self.owner.gid if st.gid is None else st.gid,
@@ -470,6 +473,7 @@ class Filesystem:
                 else:
                     live = await self._stage(node, truncate=size == 0)
                     st = await self.area.open_write(live, truncate=size == 0)
+                    self.passthrough.in_place(st)
                     temporary = True
                 st.refs += 1  # keep it while we wait below
                 try:
@@ -868,7 +872,7 @@ class Filesystem:
         never written again, its writers move to a copy."""
         st = h.staged
         assert st is not None
-        if not (st.closed_version or st.uploading):
+        if not (st.closed_version or st.uploading) or self.passthrough.in_place(st):
             return st
         new = await self.area.fork(st)
         for other in self.handles.values():
@@ -1052,6 +1056,7 @@ class Filesystem:
         content is journaled (it survives a daemon crash from here on)."""
         h = self._handle(fh)
         st = h.staged
+        self.passthrough.sync(st)
         if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
             self.area.journal_closed(st)
 
@@ -1060,6 +1065,7 @@ class Filesystem:
         h = self.handles.pop(fh, None)
         if h is None:
             return
+        self.passthrough.release(h)
         st = h.staged
         try:
             if st is not None:
@@ -1083,12 +1089,21 @@ class Filesystem:
                 h.node.staged = None
             self.inodes.maybe_drop(h.node)
 
+    async def passthrough_source(self, fh: int, *, rdwr: bool = False) -> tuple[int, str] | None:
+        """For a transport with FUSE passthrough, right after ``open``/``create`` returned
+        ``fh``: the local file (fd, key naming its content) that may serve all of the handle's
+        reads and writes in the kernel, or None to serve it here. ESTALE (after which the
+        caller releases ``fh``) when the inode's other opens pass through other bytes. See
+        :mod:`airfs.core.passthrough`."""
+        return await self.passthrough.source(self._handle(fh), rdwr=rdwr)
+
     @counted
     async def fsync(self, fh: int) -> None:
         """Return once this file's content (and the closed versions before it) is committed
         at the origin; EIO naming the file if it cannot be, or lost a conflict."""
         h = self._handle(fh)
         st = h.staged
+        self.passthrough.sync(st)
         if st is None or st.path is None:
             return
         if st.dirty:

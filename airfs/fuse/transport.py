@@ -100,6 +100,7 @@ class KernelTransport:
         allow_other: bool,
         debug: bool,
         on_init: Callable[[], None],
+        passthrough: bool = True,
     ) -> None:
         from airfs.fuse.kernel import mount as kmount
         from airfs.fuse.kernel.negotiate import max_pages_limit
@@ -116,7 +117,7 @@ class KernelTransport:
             ttl,
             on_init=lambda _neg: on_init(),
             pages_limit=max_pages_limit(),
-            passthrough=kmount.has_cap_sys_admin(),
+            passthrough=passthrough and kmount.has_cap_sys_admin(),
         )
         if debug:
             logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)
@@ -162,13 +163,16 @@ def make_transport(
     allow_other: bool,
     debug: bool,
     on_init: Callable[[], None],
+    passthrough: bool = True,
 ) -> Transport:
     """Build the transport named ``kind`` (one of :data:`TRANSPORTS`)."""
-    cls: type[KernelTransport] | type[Pyfuse3Transport]
     if kind == "kernel":
-        cls = KernelTransport
-    elif kind == "pyfuse3":
-        cls = Pyfuse3Transport
-    else:
-        raise TransportError(f"unknown FUSE transport {kind!r} (use kernel or pyfuse3)")
-    return cls(fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init)
+        return KernelTransport(
+            fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init,
+            passthrough=passthrough,
+        )  # fmt: skip
+    if kind == "pyfuse3":
+        return Pyfuse3Transport(
+            fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init
+        )
+    raise TransportError(f"unknown FUSE transport {kind!r} (use kernel or pyfuse3)")

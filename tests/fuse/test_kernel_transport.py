@@ -59,7 +59,12 @@ def test_status_reports_what_was_negotiated(kvolume: Volume) -> None:
     assert kvolume.m.status()["read_ahead_kb"] == 1024
 
 
-def test_large_writes_arrive_as_large_requests(kvolume: Volume) -> None:
+def test_large_writes_arrive_as_large_requests(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Daemon-served writes (passthrough off: with it, the daemon sees none at all)."""
+    monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")
+    kvolume: Volume = make_volume("--no-passthrough")  # type: ignore[operator]
     fuse = kvolume.m.status()["fuse"]
     before = kvolume.m.status()["fs"]["ops"].get("write", 0)
     data = os.urandom(8 << 20)
@@ -253,13 +258,15 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
     mnt = str(tmp_path / "mnt")
 
     class LocalBytes(Filesystem):
-        def passthrough_fd(self, fh: int) -> int | None:
+        async def passthrough_source(
+            self, fh: int, *, rdwr: bool = False
+        ) -> tuple[int, str] | None:
             h = self.handles[fh]
             if h.writable or h.node.path is None:
                 return None
             fd = os.open(odir / h.node.path, os.O_RDONLY | os.O_CLOEXEC)
             self.fds.append(fd)
-            return fd
+            return fd, f"origin:{h.node.path}"
 
     sync = PosixOrigin(str(odir))
     origin = AsyncOrigin(sync)
@@ -295,3 +302,36 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
         os.close(fd)
         area.close()
         sync.close()
+
+
+def test_unchanged_directory_listing_is_kept_by_the_kernel(kvolume: Volume) -> None:
+    """FOPEN_CACHE_DIR: once the listing the kernel cached is the one the core sees again, a
+    readdir is answered by the kernel; a change (here: made at the origin by another program,
+    seen after the TTL) makes the kernel read the directory again."""
+    d = kvolume.root / "dir"
+    d.mkdir()
+    names = {f"f{i:03d}" for i in range(50)}
+    for n in names:
+        (d / n).write_bytes(b"x")
+    kvolume.m.flush()
+
+    def readdirs() -> int:
+        return int(kvolume.m.status()["fs"]["ops"].get("readdir", 0))
+
+    for _ in range(2):  # the first read fills the kernel's cache, the second binds inodes
+        assert set(os.listdir(d)) == names
+    kept0, r0 = kvolume.m.status()["fuse"]["dir_cache_kept"], readdirs()
+    assert set(os.listdir(d)) == names
+    assert kvolume.m.status()["fuse"]["dir_cache_kept"] == kept0 + 1
+    assert readdirs() == r0  # served from the kernel's cache
+    if kvolume.spec.dir is not None:
+        (kvolume.spec.dir / "dir" / "from-elsewhere").write_bytes(b"y")
+    else:
+        src = kvolume.tmp / "src"
+        src.write_bytes(b"y")
+        kvolume.spec.view.put("dir/from-elsewhere", str(src))
+    time.sleep(1.2)  # past the TTL (1 s): the core lists the origin again
+    assert set(os.listdir(d)) == names | {"from-elsewhere"}
+    assert readdirs() > r0
+    (d / "local-new").write_bytes(b"z")  # a change made here is seen at once
+    assert "local-new" in os.listdir(d)

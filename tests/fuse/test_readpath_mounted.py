@@ -82,7 +82,9 @@ def test_cached_data_survives_remount(make_volume: Callable[..., Volume]) -> Non
     assert (v.root / "model.bin").read_bytes() == data
     s = cache_stats(v)
     assert s["origin_requests"] == 0 and s["origin_bytes_read"] == 0, s
-    assert s["hit_bytes"] >= len(data)
+    # served from the cache: by the daemon (hits) or by the kernel from the cache file
+    passed_through = v.m.status()["fuse"].get("passthrough_opens", 0) == 1
+    assert passed_through or s["hit_bytes"] >= len(data), s
 
 
 def test_small_cache_size_evicts_within_limit(make_volume: Callable[..., Volume]) -> None:

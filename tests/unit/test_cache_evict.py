@@ -90,6 +90,17 @@ def test_plan_eviction_blocks_outside_reader_window_only() -> None:
     assert plan_eviction([pinned], 10 * MiB).nbytes == 0
 
 
+def test_a_former_passthrough_backing_file_is_evicted_whole_never_punched() -> None:
+    """A process may still map a file that was a passthrough backing file: unlinking it
+    (whole-object eviction) is safe for the mapping, punching holes into it is not."""
+    mapped = obj("mapped", 1 * MiB)
+    mapped.passed_through = True
+    mapped.readers.add(FakeReader(0, 64 * KiB))  # in use again: only pass 2 could touch it
+    assert plan_eviction([mapped], 10 * MiB).nbytes == 0
+    mapped.readers.clear()  # nobody uses it: evicted whole
+    assert plan_eviction([mapped], 10 * MiB).objects == [mapped]
+
+
 async def test_min_free_floor_limits_the_cache(tmp_path: Path) -> None:
     mo = MemoryOrigin()
     files = {f"f{i}": random.Random(i).randbytes(256 * KiB) for i in range(6)}

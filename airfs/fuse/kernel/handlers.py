@@ -1,7 +1,9 @@
 """The request handlers of the kernel transport: unpack a request's arguments, call the core
 exactly as the pyfuse3 adapter does, pack the reply (``OSError`` propagates to the session,
 which answers ``-errno``). No file-system state lives here; the only bookkeeping is the backing
-id of each passthrough open, closed at its RELEASE.
+ids of passthrough opens: one per inode, shared by its concurrent passthrough opens (the core
+decides which opens pass through and guarantees they name one file per inode), registered at
+the first and closed at the RELEASE of the last.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import stat
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
+
+import trio
 
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
@@ -27,6 +31,8 @@ log = logging.getLogger(__name__)
 Payload = bytes | list[bytes]
 #: returned by handlers of requests that take no reply (FORGET, BATCH_FORGET)
 NO_REPLY: Any = object()
+#: directories whose last listing signature is remembered (for FOPEN_KEEP_CACHE)
+DIR_SIGNATURES_MAX = 4096
 
 
 class Handlers:
@@ -39,8 +45,12 @@ class Handlers:
     minor: int
     negotiated: Negotiated | None
     counts: dict[str, int]
+    #: file handle -> inode of each passthrough open; inode -> [key, backing id, opens]
     _backing_ids: dict[int, int]
-    _passthrough_fd: Callable[[int], int | None] | None
+    _inode_backing: dict[int, list[Any]]
+    #: directory inode -> signature of the listing the kernel may hold in its cache
+    _dir_sigs: dict[int, int]
+    passthrough: bool
 
     def handler_table(self) -> dict[int, Callable[[Request], Coroutine[Any, Any, Any]]]:
         """The handler of each opcode served through the core (others: see the session)."""
@@ -197,31 +207,49 @@ class Handlers:
         out = proto.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
-        backing = self._backing(fh)
+        backing = await self._backing(fh, req.nodeid, flags)
         if backing is None:
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
         out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
-        # the opener looks the id up after our reply: it stays registered until RELEASE
-        self._backing_ids[fh] = backing
-        self.counts["passthrough_opens"] += 1
         return proto.open_out(fh, out, backing)
 
-    def _backing(self, fh: int) -> int | None:
-        """A backing id for handle ``fh`` when passthrough was negotiated and the core names a
-        local file holding all of the handle's bytes; None to serve it through the daemon."""
-        if self._passthrough_fd is None or self.negotiated is None:
-            return None
-        if not self.negotiated.passthrough:
-            return None
-        fd = self._passthrough_fd(fh)
-        if fd is None:
+    async def _backing(self, fh: int, ino: int, flags: int) -> int | None:
+        """The backing id for the just-opened handle ``fh`` of inode ``ino`` when passthrough
+        was negotiated and the core names a local file holding all of the handle's bytes;
+        None to serve it through the daemon. The id is the inode's (registered at its first
+        passthrough open: the opener looks it up after our reply, so it stays registered
+        until the RELEASE of the inode's last passthrough open). An error of the core's query
+        (ESTALE) releases ``fh`` and propagates."""
+        if not self.passthrough or self.negotiated is None or not self.negotiated.passthrough:
             return None
         try:
-            return open_backing(self.fd, fd)
-        except OSError as exc:
-            log.warning("passthrough refused (%s); serving through the daemon", exc)
+            rdwr = flags & os.O_ACCMODE == os.O_RDWR
+            src = await self.fs.passthrough_source(fh, rdwr=rdwr)
+        except BaseException:
+            with trio.CancelScope(shield=True):
+                await self.fs.release(fh)
+            raise
+        if src is None:
             return None
+        fd, key = src
+        have = self._inode_backing.get(ino)
+        if have is not None and have[0] != key:  # the core guarantees this never happens
+            log.error("inode %d: passthrough of %s while %s is its backing file", ino, key, have[0])
+            self.fs.passthrough.refused(fh)
+            return None
+        if have is None:
+            try:
+                backing = open_backing(self.fd, fd)
+            except OSError as exc:
+                log.warning("passthrough refused (%s); serving through the daemon", exc)
+                self.fs.passthrough.refused(fh)
+                return None
+            have = self._inode_backing[ino] = [key, backing, 0]
+        have[2] += 1
+        self._backing_ids[fh] = ino
+        self.counts["passthrough_opens"] += 1
+        return int(have[1])
 
     def _close_backing(self, backing: int) -> None:
         try:
@@ -233,7 +261,10 @@ class Handlers:
         flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
         nm = proto.name(req.body, proto.CREATE_IN.size)
         fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
-        return [self._entry(a), proto.open_out(fh, 0)]
+        backing = await self._backing(fh, a.ino, flags)
+        if backing is None:
+            return [self._entry(a), proto.open_out(fh, 0)]
+        return [self._entry(a), proto.open_out(fh, proto.FOPEN_PASSTHROUGH, backing)]
 
     async def _read(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READ")
@@ -256,9 +287,13 @@ class Handlers:
 
     async def _release(self, req: Request) -> Payload:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
-        backing = self._backing_ids.pop(fh, None)
-        if backing is not None:
-            self._close_backing(backing)
+        ino = self._backing_ids.pop(fh, None)
+        have = self._inode_backing.get(ino) if ino is not None else None
+        if ino is not None and have is not None:
+            have[2] -= 1
+            if have[2] <= 0:
+                del self._inode_backing[ino]
+                self._close_backing(int(have[1]))
         await self.fs.release(fh)
         return b""
 
@@ -271,7 +306,35 @@ class Handlers:
         return b""
 
     async def _opendir(self, req: Request) -> Payload:
-        return proto.open_out(await self.fs.opendir(req.nodeid), 0)
+        """Directory handles are opened with ``FOPEN_CACHE_DIR`` (the kernel keeps what it
+        reads in the directory's page cache), plus ``FOPEN_KEEP_CACHE`` when the listing the
+        core just took is the one the kernel cached at the previous open (same names, kinds
+        and inode numbers): then ``readdir`` is answered by the kernel alone."""
+        fh = await self.fs.opendir(req.nodeid)
+        sig = self._listing_signature(fh)
+        keep = sig is not None and self._dir_sigs.get(req.nodeid) == sig
+        if sig is None:
+            self._dir_sigs.pop(req.nodeid, None)
+        else:
+            self._dir_sigs[req.nodeid] = sig
+            while len(self._dir_sigs) > DIR_SIGNATURES_MAX:
+                self._dir_sigs.pop(next(iter(self._dir_sigs)))
+        out = proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
+        self.counts["dir_cache_kept"] += keep
+        return proto.open_out(fh, out)
+
+    def _listing_signature(self, fh: int) -> int | None:
+        d = self.fs.dirs.get(fh)
+        if d is None or d.node.path is None:
+            return None
+        prefix = f"{d.node.path}/" if d.node.path else ""
+        at = self.fs.inodes.at
+        return hash(
+            tuple(
+                (name, kind, node.ino if (node := at(prefix + name)) is not None else 0)
+                for name, kind, *_ in d.entries
+            )
+        )
 
     async def _readdir(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READDIR")

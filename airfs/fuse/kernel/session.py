@@ -92,7 +92,7 @@ class Session(Handlers):
         self.negative_ttl = ttl if negative_ttl is None else negative_ttl
         self.on_init = on_init
         self.pages_limit = pages_limit
-        self.passthrough = passthrough and hasattr(fs, "passthrough_fd")
+        self.passthrough = passthrough and hasattr(fs, "passthrough_source")
         self.negotiated: Negotiated | None = None
         self.minor = proto.KERNEL_MINOR
         self._buf = bytearray(read_buffer_size(pages_limit))
@@ -107,20 +107,21 @@ class Session(Handlers):
             "interrupts": 0,
             "errors": 0,
             "passthrough_opens": 0,
+            "dir_cache_kept": 0,
         }
-        #: backing ids of passthrough opens, by file handle (closed at RELEASE)
+        #: passthrough opens: file handle -> inode, inode -> [key, backing id, opens]
         self._backing_ids: dict[int, int] = {}
-        #: the core's "local backing file" query, when it has one (see :meth:`_backing`)
-        self._passthrough_fd: Callable[[int], int | None] | None = getattr(
-            fs, "passthrough_fd", None
-        )
+        self._inode_backing: dict[int, list[Any]] = {}
+        self._dir_sigs: dict[int, int] = {}
         self._handlers = self.handler_table()
 
     # -- the loop ------------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
         neg = self.negotiated.as_dict() if self.negotiated is not None else {"transport": "kernel"}
-        return {**neg, **self.counts}
+        pt = getattr(self.fs, "passthrough", None)
+        extra = pt.statistics() if pt is not None and hasattr(pt, "statistics") else {}
+        return {**neg, **self.counts, **extra, "backing_files": len(self._inode_backing)}
 
     async def run(self) -> None:
         os.set_blocking(self.fd, False)
