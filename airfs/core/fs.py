@@ -210,9 +210,19 @@ class Filesystem:
                     del self._dir_times[node.path]
         return attr_of_entry(node.ino, entry, self.owner)
 
-    def _dir_changed(self, path: str) -> None:
-        """An entry of directory ``path`` was created, removed or renamed."""
-        self._dir_times[split(path)[0]] = time.time_ns()
+    def _dir_changed(self, path: str, subdirs: int = 0) -> None:
+        """The entry ``path`` was created, removed or renamed in its directory; ``subdirs``:
+        the directory gained (+1) or lost (-1) a subdirectory, so its link count moved (where
+        the origin counts links)."""
+        parent = split(path)[0]
+        self._dir_times[parent] = time.time_ns()
+        if subdirs and self.origin.capabilities.hard_links:
+            node = self.inodes.at(parent)
+            if node is not None and node.entry is not None and node.entry.nlink >= 2:
+                node.entry = dataclasses.replace(
+                    node.entry, nlink=max(2, node.entry.nlink + subdirs)
+                )
+                self.listings.record(parent, node.entry)
 
     def _attr(self, node: Node) -> Attr:
         st = self.area.get(node.path) if node.path is not None else node.staged
@@ -411,11 +421,12 @@ class Filesystem:
         if node.path is not None and self.area.get(node.path) is not None:
             return self._attr(node)
         if node.path is None:
-            if node.staged is not None:  # unlinked while open: its handles keep working
-                return self._staged_attr(node, node.staged)
+            # unlinked (or replaced) while open: its handles keep working; no name is left
+            if node.staged is not None:
+                return dataclasses.replace(self._staged_attr(node, node.staged), nlink=0)
             if node.entry is None:
                 raise _err(errno.ESTALE, "replaced or removed")
-            return self._entry_attr(node, node.entry)
+            return dataclasses.replace(self._entry_attr(node, node.entry), nlink=0)
         entry = await self._refresh(node)
         if entry is None:
             if node.opens and node.entry is not None:
@@ -591,7 +602,7 @@ class Filesystem:
         uid, gid, setgid = self._new_owner(parent_ino)
         mode = stat.S_IMODE(mode) | (stat.S_ISGID if setgid else 0)
         entry = await self.origin.mkdir(path, mode, uid=uid, gid=gid)
-        self._dir_changed(path)
+        self._dir_changed(path, +1)
         self.listings.record(path, entry)
         self.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
         node = self.inodes.bind(path, Kind.DIR, entry)
@@ -607,7 +618,7 @@ class Filesystem:
         if self.area.under(path):
             raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
         await self.origin.rmdir(path)
-        self._dir_changed(path)
+        self._dir_changed(path, -1)
         self.listings.record(path, None)
         self.listings.drop(path)
         node = self.inodes.at(path)
@@ -670,13 +681,15 @@ class Filesystem:
         try:
             await self._settle(old)
             await self._settle(new)
-            await self._rename(old, new, noreplace=noreplace)
+            moved_dir, replaced = await self._rename(old, new, noreplace=noreplace)
         finally:
             self.area.unhold(held)
-        self._dir_changed(old)
-        self._dir_changed(new)
+        moves = moved_dir and split(old)[0] != split(new)[0]
+        self._dir_changed(old, -1 if moves else 0)
+        self._dir_changed(new, +1 if moves and not replaced else 0)
 
-    async def _rename(self, old: str, new: str, *, noreplace: bool) -> None:
+    async def _rename(self, old: str, new: str, *, noreplace: bool) -> tuple[bool, bool]:
+        """Rename ``old`` to ``new``; returns (a directory was moved, something was replaced)."""
         st_src = self.area.get(old)
         st_dst = self.area.get(new)
         dst_entry = None if st_dst is not None else await self._stat(new)
@@ -731,6 +744,8 @@ class Filesystem:
                 self.listings.record(new, moved_entry)
         self.listings.record(old, None)
         self.area.notify()
+        moved_dir = src_entry is not None and src_entry.kind is Kind.DIR
+        return moved_dir, st_dst is not None or dst_entry is not None
 
     @counted
     async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
