@@ -1,0 +1,380 @@
+"""The core's state and the helpers every operation shares (see :mod:`airfs.core.fs`).
+
+:class:`CoreBase` holds the origin, read path, staging area, inode table and listings, resolves
+names and attributes, revalidates entries against the origin and takes the uploader's
+``committed`` hook. The operations are layered on it by role: :mod:`airfs.core.files` (open,
+read, write, close), :mod:`airfs.core.names` (directories and names), :mod:`airfs.core.fs`
+(lookups and attributes: the :class:`Filesystem` the adapters drive).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import errno
+import functools
+import logging
+import os
+import stat
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+import trio
+
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import (
+    Entry,
+    Kind,
+    NotADir,
+    NotFound,
+    OriginError,
+    join,
+    split,
+)
+from airfs.readpath import ObjectRef, Reader, ReadPath
+from airfs.writeback.staging import Staged, StagingArea
+
+from .attrs import Attr, Owner, attr_of, attr_of_entry
+from .context import Guard, current_caller
+from .inodes import InodeTable, Node
+from .listings import Listing, ListingCache
+from .passthrough import Passthrough
+
+log = logging.getLogger(__name__)
+
+NAME_MAX = 255
+#: committed files up to this size are copied into the block cache (small files written and
+#: read back, e.g. a dataset being built); larger ones (checkpoints) are not: the extra copy
+#: of a multi-GiB file on the local disk costs more than it is likely to save
+ADOPT_MAX = 128 << 20
+_COPY_CHUNK = 8 << 20
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
+    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``)."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        self = args[0]
+        self.ops[name] += 1  # type: ignore[attr-defined]
+        return await fn(*args, **kwargs)
+
+    return wrapper
+
+
+def _err(code: int, msg: str) -> OSError:
+    return OSError(code, msg)
+
+
+@dataclass(eq=False)
+class Handle:
+    """An open file. Writers always have ``staged``; readers have it when the file was staged
+    at open, else an origin ``reader``."""
+
+    fh: int
+    node: Node
+    writable: bool
+    staged: Staged | None
+    reader: Reader | None = None
+    #: origin version served by ``reader``
+    version: str | None = None
+    #: origin path pinned at open (the origin keeps that version readable until release)
+    pinned: str | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    fh: int
+    node: Node
+    entries: list[tuple[str, Kind, Entry | None, Staged | None]]
+    listed_at: float
+
+
+Emit = Callable[[str, Attr, int], bool]
+
+
+class CoreBase:
+    """The core's state and shared helpers. Every method runs on the trio loop; blocking
+    origin calls go to threads."""
+
+    def __init__(
+        self,
+        origin: AsyncOrigin,
+        readpath: ReadPath,
+        area: StagingArea,
+        root_entry: Entry,
+        *,
+        ttl: float = 1.0,
+        owner: Owner | None = None,
+        write_wait_s: float = 30.0,
+        allow_devices: bool = False,
+        guard: Guard | None = None,
+    ) -> None:
+        self.origin = origin
+        self.allow_devices = allow_devices
+        self.guard = guard
+        #: directories whose entries changed here (a staged create or unlink) at this time
+        #: (ns): reported as their mtime/ctime until the origin reports a later one
+        self._dir_times: dict[str, int] = {}
+        self.readpath = readpath
+        self.area = area
+        self.ttl = ttl
+        self.owner = owner or Owner(os.getuid(), os.getgid())
+        self.write_wait_s = write_wait_s
+        self.inodes = InodeTable(root_entry)
+        self.handles: dict[int, Handle] = {}
+        self.dirs: dict[int, DirHandle] = {}
+        self._next_fh = 1
+        self.ops: collections.Counter[str] = collections.Counter()
+        self.listings = ListingCache(ttl)
+        self._relisting: dict[str, trio.Event] = {}
+        caps = origin.capabilities
+        self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
+        self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
+        self._mtimes = caps.mtimes
+        self.passthrough = Passthrough(area, readpath, self.inodes)
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _fh(self) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        return fh
+
+    def _path(self, node: Node) -> str:
+        if node.path is None:
+            # ESTALE, not ENOENT: a path-based call (open, stat) that raced a rename-over
+            # or an unlink is retried by the kernel with a fresh lookup
+            raise _err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
+        return node.path
+
+    def _child(self, parent_ino: int, name: str) -> str:
+        parent = self.inodes.get(parent_ino)
+        if parent.kind is not Kind.DIR:
+            raise _err(errno.ENOTDIR, "not a directory")
+        if len(os.fsencode(name)) > NAME_MAX:
+            raise _err(errno.ENAMETOOLONG, "name too long")
+        if name in ("", ".", "..") or "/" in name:
+            raise _err(errno.EINVAL, f"invalid name {name!r}")
+        return join(self._path(parent), name)
+
+    def _new_child(self, parent_ino: int, name: str) -> str:
+        """``_child`` for a name about to be created: also refused when the origin could not
+        store it (EINVAL / ENAMETOOLONG, before anything is written)."""
+        path = self._child(parent_ino, name)
+        self.origin.sync.check_name(path)
+        return path
+
+    def _staged_attr(self, node: Node, st: Staged) -> Attr:
+        self.passthrough.sync(st)
+        owner = Owner(
+            self.owner.uid if st.uid is None else st.uid,
+            self.owner.gid if st.gid is None else st.gid,
+        )
+        return attr_of(
+            node.ino,
+            Kind.FILE,
+            st.size,
+            st.mtime_ns,
+            st.mode,
+            owner,
+            atime_ns=st.atime_ns,
+            ctime_ns=max(st.ctime_ns, st.mtime_ns),
+        )
+
+    def _entry_attr(self, node: Node, entry: Entry) -> Attr:
+        """Attributes of an origin entry; a directory whose entries changed here reports
+        that change's time until the origin reports a later one."""
+        if entry.kind is Kind.DIR and node.path is not None:
+            t = self._dir_times.get(node.path)
+            if t is not None:
+                if t > entry.mtime_ns:
+                    ctime = max(t, entry.ctime_ns or 0)
+                    entry = dataclasses.replace(entry, mtime_ns=t, ctime_ns=ctime)
+                else:
+                    del self._dir_times[node.path]
+        return attr_of_entry(node.ino, entry, self.owner)
+
+    def _dir_changed(self, path: str, subdirs: int = 0) -> None:
+        """The entry ``path`` was created, removed or renamed in its directory; ``subdirs``:
+        the directory gained (+1) or lost (-1) a subdirectory, so its link count moved (where
+        the origin counts links)."""
+        parent = split(path)[0]
+        self._dir_times[parent] = time.time_ns()
+        if subdirs and self.origin.capabilities.hard_links:
+            node = self.inodes.at(parent)
+            if node is not None and node.entry is not None and node.entry.nlink >= 2:
+                node.entry = dataclasses.replace(
+                    node.entry, nlink=max(2, node.entry.nlink + subdirs)
+                )
+                self.listings.record(parent, node.entry)
+
+    def _attr(self, node: Node) -> Attr:
+        st = self.area.get(node.path) if node.path is not None else node.staged
+        if st is not None:
+            return self._staged_attr(node, st)
+        if node.entry is None:
+            raise _err(errno.ENOENT, "no such file")
+        return self._entry_attr(node, node.entry)
+
+    def _fresh(self, node: Node) -> bool:
+        """Whether ``node.entry`` may be used without asking the origin. A file with several
+        names is always asked (a change through another name moves its link count)."""
+        e = node.entry
+        if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
+            return False
+        return time.monotonic() - node.fetched < self.ttl
+
+    async def _check(self, op: str, path: str) -> None:
+        """Ask the guard (governed volumes) whether the caller may do ``op`` on ``path``."""
+        if self.guard is not None:
+            await self.guard.check(current_caller(), op, path)
+
+    def _new_owner(self, parent_ino: int) -> tuple[int, int, bool]:
+        """(uid, gid, setgid) of an object the caller creates in ``parent_ino``: the caller's
+        uid, and its gid unless the directory is setgid (then the directory's group, and new
+        directories inherit the setgid bit)."""
+        caller = current_caller()
+        parent = self.inodes.get(parent_ino)
+        try:
+            pattr = self._attr(parent)
+        except OSError:
+            return caller.uid, caller.gid, False
+        if pattr.mode & stat.S_ISGID:
+            return caller.uid, pattr.gid, True
+        return caller.uid, caller.gid, False
+
+    async def _stat(self, path: str, *, fast: bool = False) -> Entry | None:
+        try:
+            return await self.origin.stat(path, fast=fast)
+        except NotFound:
+            return None
+
+    async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
+        """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
+        is valid from: from a fresh listing of its directory when there is one (a large
+        expired listing is fetched again, one request for all its names), else from ``stat``."""
+        if path:
+            parent, name = split(path)
+            listing = self.listings.fresh(parent)
+            if listing is None and self.listings.worth_relisting(parent):
+                listing = await self._relist(parent)
+            if listing is not None:
+                entry = listing.entries.get(name)
+                if entry is None:
+                    self.listings.negative_hits += 1
+                else:
+                    self.listings.hits += 1
+                return entry, listing.at
+        t0 = time.monotonic()
+        return await self._stat(path, fast=True), t0
+
+    async def _relist(self, dir_path: str) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
+        busy = self._relisting.get(dir_path)
+        if busy is not None:
+            await busy.wait()
+            return self.listings.fresh(dir_path)
+        done = self._relisting[dir_path] = trio.Event()
+        try:
+            t0 = time.monotonic()
+            try:
+                entries = await self.origin.list(dir_path, fast=True)
+            except (NotFound, NotADir):
+                self.listings.drop(dir_path)
+                return None
+            self.listings.relists += 1
+            listing = self.listings.put(dir_path, entries, t0)
+            return listing if self.listings.fresh(dir_path) is listing else None
+        finally:
+            del self._relisting[dir_path]
+            done.set()
+
+    async def _refresh(self, node: Node) -> Entry | None:
+        """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
+        if self._fresh(node):
+            return node.entry
+        path = self._path(node)
+        try:
+            if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
+                # several names: a listing's entry for this one is stale after a change
+                # through another (a link count, a chmod)
+                t0 = time.monotonic()
+                entry = await self._stat(path, fast=True)
+            else:
+                entry, t0 = await self.origin_entry(path)
+        except OriginError as exc:
+            if not exc.transient or node.entry is None:
+                raise
+            # origin unreachable: keep serving what we know (cached data stays readable)
+            log.warning("%s: origin unreachable, using the last known version: %s", path, exc)
+            return node.entry
+        if entry is None:
+            return None
+        if entry.kind is not node.kind:
+            return None  # replaced by another kind of object: the old inode is gone
+        if t0 >= node.fetched:  # else a commit updated the node while we asked
+            node.entry = entry
+            node.fetched = t0
+        return node.entry
+
+    async def committed(self, path: str, entry: Entry, st: Staged) -> None:
+        """The uploader's ``on_committed`` hook: ``st`` is at the origin as ``entry``.
+
+        Runs while the upload still holds ``st``, so the staged bytes are exactly that
+        version's. Attributes set while it was being uploaded (``rsync`` sets owner, mode and
+        times on its temporary file just before the rename) are set at the origin now. Where
+        the origin keeps no mtimes, the entry takes the staged file's mtime, so a file's
+        attributes never change by themselves at its commit."""
+        caps = self.origin.capabilities
+        mode = st.mode & 0o7777 if caps.modes and st.mode & 0o7777 != entry.mode else None
+        mtime = st.mtime_ns if self._mtimes and st.mtime_ns != entry.mtime_ns else None
+        uid = st.uid if caps.owners and st.uid is not None and st.uid != entry.uid else None
+        gid = st.gid if caps.owners and st.gid is not None and st.gid != entry.gid else None
+        if any(v is not None for v in (mode, mtime, uid, gid)):
+            try:
+                entry = await self.origin.set_attrs(path, mode, mtime, uid=uid, gid=gid)
+            except OriginError as exc:
+                log.warning("%s: attributes set during its commit not kept: %s", path, exc)
+        if not self._mtimes:
+            entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
+        self.listings.record(path, entry)
+        node = self.inodes.at(path)
+        if node is not None:
+            if node.aliases:
+                self.inodes.split(node)  # a new file at this name: the other names part
+            node.entry = entry
+            node.fetched = time.monotonic()
+            if node.cached_version == f"staged:{st.id}" and not st.dirty:
+                node.cached_version = entry.version
+        adopt = getattr(self.readpath, "adopt", None)
+        if adopt is not None and not st.dirty and entry.size == st.size <= ADOPT_MAX:
+            try:
+                await adopt(ObjectRef(path, entry.version, entry.size), st.file)
+            except (OSError, ValueError) as exc:
+                log.warning("could not keep %s in the cache after commit: %s", path, exc)
+
+    # -- waiting for commits ---------------------------------------------------------------
+
+    async def _settle(self, path: str) -> None:
+        """Wait for in-flight commits at or under ``path`` to land, so a name operation
+        never races an upload to the old name."""
+        while busy := [
+            v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading
+        ]:
+            await self._wait_upload(busy[0])
+
+    async def _wait_upload(self, st: Staged) -> None:
+        while st.uploading:
+            await st.upload_done.wait()
+
+    async def commit_now(self, st: Staged) -> None:
+        """Commit ``st`` and the closed versions before it now, and wait."""
+        targets = [(v, v.gen) for v in self.area.versions(st) if v.dirty]
+        await self.area.wait_committed(targets)

@@ -1,0 +1,306 @@
+"""File handles: open, create, read, write, flush, release and fsync (the write-back path's
+entry points), layered on :class:`~airfs.core.base.CoreBase`."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+
+from airfs.origin.base import (
+    Conflict,
+    Entry,
+    Kind,
+)
+from airfs.readpath import ObjectRef
+from airfs.writeback.staging import Staged
+
+from .attrs import Attr
+from .base import _COPY_CHUNK, CoreBase, Handle, _err, counted
+from .context import current_caller
+from .inodes import Node
+
+log = logging.getLogger(__name__)
+
+
+class FileOps(CoreBase):
+    """Open files: staged (written) content and origin readers."""
+
+    async def _stage(self, node: Node, *, truncate: bool) -> Staged:
+        """The live staged file of ``node``, created (with the origin's content copied in
+        unless ``truncate``) if there is none. Open it with ``area.open_write`` to write.
+        Caller holds ``node.lock``."""
+        path = self._path(node)
+        st = self.area.get(path)
+        if st is not None:
+            return st
+        entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
+        if entry is not None and entry.kind is not Kind.FILE:
+            raise _err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
+        st = self.area.create(
+            path,
+            base_version=entry.version if entry is not None else None,
+            mode=entry.mode if entry is not None else 0o644,
+        )
+        if entry is not None:
+            st.mtime_ns = entry.mtime_ns
+            st.uid, st.gid = entry.uid, entry.gid
+        else:
+            caller = current_caller()
+            st.uid, st.gid = caller.uid, caller.gid
+        if entry is not None and not truncate and entry.size:
+            try:
+                await self.area.reserve(st, entry.size, self.write_wait_s)
+                await self._copy_up(st, ObjectRef(path, entry.version, entry.size))
+            except BaseException:
+                self.area.discard(st)
+                raise
+            st.mtime_ns = entry.mtime_ns
+        if entry is not None and (not truncate or entry.size == 0):
+            st.committed_gen = st.gen  # same bytes as the origin: nothing to commit yet
+        return st
+
+    async def _writable(self, h: Handle) -> Staged:
+        """The staged file a write through ``h`` goes to: a closed (journaled) version is
+        never written again, its writers move to a copy."""
+        st = h.staged
+        assert st is not None
+        if not (st.closed_version or st.uploading) or self.passthrough.in_place(st):
+            return st
+        new = await self.area.fork(st)
+        for other in self.handles.values():
+            if other.writable and other.staged is st:
+                other.staged = new
+                st.refs -= 1
+                new.refs += 1
+        if h.node.staged is st:
+            h.node.staged = new
+        self.area.release(st)
+        return new
+
+    async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
+        reader = self.readpath.open(obj)
+        try:
+            off = 0
+            while off < obj.size:
+                data = await reader.read(off, min(_COPY_CHUNK, obj.size - off))
+                if not data:
+                    raise _err(errno.EIO, f"{obj.path}: origin returned less than its size")
+                self.area.write(st, off, data)
+                off += len(data)
+        finally:
+            reader.close()
+
+    @counted
+    async def open(self, ino: int, flags: int) -> tuple[int, bool]:
+        """Open a file; returns (fh, keep_cache)."""
+        node = self.inodes.get(ino)
+        if node.kind is Kind.DIR:
+            raise _err(errno.EISDIR, "is a directory")
+        if node.path is None:
+            # replaced or removed after the kernel resolved the name: ESTALE makes the
+            # kernel look the name up again (an open racing a rename-over finds the new file)
+            raise _err(errno.ESTALE, f"inode {ino} was replaced")
+        acc = flags & os.O_ACCMODE
+        writable = acc in (os.O_WRONLY, os.O_RDWR)
+        trunc = bool(flags & os.O_TRUNC) and writable
+        await self._check("open_write" if writable else "open_read", node.path)
+        async with node.lock:
+            if writable:
+                live = await self._stage(node, truncate=trunc)
+                wst = await self.area.open_write(live, truncate=trunc)
+                if trunc:
+                    wst.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
+                st: Staged | None = wst
+            else:
+                st = self.area.get(self._path(node))
+            if st is not None:
+                st.refs += 1
+                key = f"staged:{st.id}"
+                keep = node.cached_version == key and not trunc
+                node.cached_version = key
+                node.staged = st
+                handle = Handle(self._fh(), node, writable, st)
+            else:
+                handle = await self._open_origin(node)
+                keep = node.cached_version == handle.version
+                node.cached_version = handle.version
+        node.opens += 1
+        self.handles[handle.fh] = handle
+        return handle.fh, keep
+
+    async def _open_origin(self, node: Node) -> Handle:
+        path = self._path(node)
+        for _attempt in range(3):
+            entry = await self._refresh(node)
+            if entry is None:
+                raise _err(errno.ENOENT, f"{path}: no such file")
+            if self._pin is None:
+                obj = ObjectRef(path, entry.version, entry.size)
+                return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version)
+            try:
+                await self.origin.call(
+                    self._pin, path, entry.version, what=f"open {path}", op="pin"
+                )
+            except Conflict:
+                # changed within the TTL (or the listing we answered from is older than a
+                # change): ask the origin itself, not a listing
+                fresh = await self._stat(path)
+                if fresh is None:
+                    raise _err(errno.ENOENT, f"{path}: no such file") from None
+                node.entry, node.fetched = fresh, time.monotonic()
+                self.listings.record(path, fresh)
+                continue
+            obj = ObjectRef(path, entry.version, entry.size)
+            return Handle(
+                self._fh(), node, False, None, self.readpath.open(obj), entry.version, path
+            )
+        raise _err(errno.EIO, f"{path}: keeps changing at the origin")
+
+    @counted
+    async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:
+        """Create and open a new file (staged only until its first commit). A file created
+        with ``O_RDONLY`` (lock files) is committed like any other once closed."""
+        path = self._new_child(parent_ino, name)
+        await self._check("create", path)
+        existing = self.area.get(path)
+        if existing is not None and flags & os.O_EXCL:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        writable = flags & os.O_ACCMODE != os.O_RDONLY
+        uid, gid, _ = self._new_owner(parent_ino)
+        mode = stat.S_IMODE(mode)
+        caller = current_caller()
+        if mode & stat.S_ISGID and not caller.is_root and not caller.in_group(gid):
+            mode &= ~stat.S_ISGID  # as the kernel does for a group the creator is not in
+        node = self.inodes.bind(path, Kind.FILE, None)
+        async with node.lock:
+            base = existing.base_version if existing is not None else None
+            st = self.area.create(path, base_version=base, mode=mode)
+            st.uid, st.gid = uid, gid
+            if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
+                node.entry, node.fetched = await self._claim(st, path), time.monotonic()
+            self._dir_changed(path)
+            if writable:
+                st = await self.area.open_write(st, truncate=False)
+            st.refs += 1
+        handle = Handle(self._fh(), node, writable, st)
+        node.cached_version = f"staged:{st.id}"
+        node.staged = st
+        node.lookups += 1
+        node.opens += 1
+        self.handles[handle.fh] = handle
+        return handle.fh, self._staged_attr(node, st)
+
+    async def _claim(self, st: Staged, path: str) -> Entry:
+        """``O_EXCL`` across nodes: the name is taken at the origin now, empty and
+        create-if-absent (EEXIST when another node or tool has it), so that two nodes never
+        both believe they created it (lock files, ``mkstemp``, object_store's temporary
+        files). The file's content commits over this empty version like any rewrite."""
+        try:
+            entry = await self.origin.put(
+                path, st.file, "", mode=st.mode, mtime_ns=st.mtime_ns, uid=st.uid, gid=st.gid
+            )
+        except Conflict:
+            self.area.discard(st)
+            raise _err(errno.EEXIST, f"{path}: exists") from None
+        except BaseException:
+            self.area.discard(st)
+            raise
+        assert st.ps is not None
+        st.ps.base = entry.version
+        st.committed_gen = st.gen  # what is at the origin: nothing to commit until written
+        self.listings.record(path, entry)
+        return entry
+
+    def _handle(self, fh: int) -> Handle:
+        h = self.handles.get(fh)
+        if h is None:
+            raise _err(errno.EBADF, "bad file handle")
+        return h
+
+    @counted
+    async def read(self, fh: int, offset: int, size: int) -> bytes:
+        h = self._handle(fh)
+        # the live staged content at the file's path (rewrites by other processes are seen
+        # at once), else the version this handle opened (an unlinked or replaced file)
+        st = self.area.get(h.node.path) if h.node.path is not None else None
+        if st is None:
+            st = h.staged
+        if st is not None:
+            return os.pread(st.fd, size, offset)
+        if h.reader is None:
+            raise _err(errno.EIO, "no reader")
+        return await h.reader.read(offset, size)
+
+    @counted
+    async def write(self, fh: int, offset: int, data: bytes) -> int:
+        h = self._handle(fh)
+        if not h.writable or h.staged is None:
+            raise _err(errno.EBADF, "file not open for writing")
+        st = await self._writable(h)
+        # a write allocates at most its own length (one far past the end leaves a hole)
+        end = min(offset + len(data), st.size + len(data))
+        await self.area.reserve(st, end, self.write_wait_s)
+        return self.area.write(st, offset, data)
+
+    @counted
+    async def flush(self, fh: int) -> None:
+        """``close()`` of a file descriptor: when no other descriptor writes the file, its
+        content is journaled (it survives a daemon crash from here on)."""
+        h = self._handle(fh)
+        st = h.staged
+        self.passthrough.sync(st)
+        if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
+            self.area.journal_closed(st)
+
+    @counted
+    async def release(self, fh: int) -> None:
+        h = self.handles.pop(fh, None)
+        if h is None:
+            return
+        self.passthrough.release(h)
+        st = h.staged
+        try:
+            if st is not None:
+                if h.writable:
+                    self.area.close_writer(st)
+                elif st.writers == 0:
+                    self.area.journal_closed(st)
+        finally:
+            if st is not None:
+                st.refs -= 1
+                self.area.release(st)
+                self.area.notify()
+            if h.reader is not None:
+                h.reader.close()
+            if h.pinned is not None and self._unpin is not None:
+                self._unpin(h.pinned, h.version)
+            h.node.opens -= 1
+            if h.node.opens < 0:
+                raise AssertionError(f"inode {h.node.ino}: open count went negative")
+            if h.node.opens == 0:
+                h.node.staged = None
+            self.inodes.maybe_drop(h.node)
+
+    async def passthrough_source(self, fh: int, *, rdwr: bool = False) -> tuple[int, str] | None:
+        """For a transport with FUSE passthrough, right after ``open``/``create`` returned
+        ``fh``: the local file (fd, key naming its content) that may serve all of the handle's
+        reads and writes in the kernel, or None to serve it here. ESTALE (after which the
+        caller releases ``fh``) when the inode's other opens pass through other bytes. See
+        :mod:`airfs.core.passthrough`."""
+        return await self.passthrough.source(self._handle(fh), rdwr=rdwr)
+
+    @counted
+    async def fsync(self, fh: int) -> None:
+        """Return once this file's content (and the closed versions before it) is committed
+        at the origin; EIO naming the file if it cannot be, or lost a conflict."""
+        h = self._handle(fh)
+        st = h.staged
+        self.passthrough.sync(st)
+        if st is None or st.path is None:
+            return
+        if st.dirty:
+            self.area.journal_closed(st)  # later writes go to a new version
+        await self.commit_now(st)

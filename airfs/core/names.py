@@ -1,0 +1,330 @@
+"""Directories and names: opendir/readdir, mkdir/rmdir, unlink, rename, symlink, mknod and
+link, layered on :class:`~airfs.core.files.FileOps`."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+import time
+
+from airfs.origin.base import (
+    SPECIAL_KINDS,
+    Entry,
+    Kind,
+    NotFound,
+    join,
+    split,
+)
+from airfs.writeback.staging import Staged
+
+from .attrs import Attr, kind_of_mode
+from .base import DirHandle, Emit, _err, counted
+from .context import current_caller
+from .files import FileOps
+
+log = logging.getLogger(__name__)
+
+
+class NameOps(FileOps):
+    """Directory listings and every change of a name."""
+
+    # -- directories -----------------------------------------------------------------------
+
+    @counted
+    async def opendir(self, ino: int) -> int:
+        """Snapshot a directory listing (origin entries merged with staged files)."""
+        node = self.inodes.get(ino)
+        if node.kind is not Kind.DIR:
+            raise _err(errno.ENOTDIR, "not a directory")
+        path = self._path(node)
+        await self._check("readdir", path)
+        # Staged files first: one whose commit lands while we list would otherwise be in
+        # neither snapshot.
+        staged = self.area.children(path)
+        t0 = time.monotonic()
+        listed = await self.origin.list(path)
+        self.listings.put(path, listed, t0)
+        merged: dict[str, tuple[str, Kind, Entry | None, Staged | None]] = {
+            e.name: (e.name, e.kind, e, None) for e in listed
+        }
+        for st in staged:
+            assert st.path is not None
+            name = st.path.rpartition("/")[2]
+            merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
+        if self.guard is not None:
+            caller = current_caller()
+            merged = {n: v for n, v in merged.items() if self.guard.visible(caller, path, n)}
+        fh = self._fh()
+        self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]), t0)
+        return fh
+
+    @counted
+    async def readdir(self, fh: int, start: int, emit: Emit) -> None:
+        """Emit entries from index ``start``; each accepted entry adds a lookup reference
+        (readdirplus). ``emit(name, attr, next_index)`` returns False when the kernel's
+        buffer is full."""
+        dh = self.dirs.get(fh)
+        if dh is None:
+            raise _err(errno.EBADF, "bad directory handle")
+        base = self._path(dh.node)
+        for i in range(start, len(dh.entries)):
+            name, kind, entry, st = dh.entries[i]
+            path = join(base, name)
+            if st is not None and st.path == path:
+                node = self.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
+                attr = self._staged_attr(node, st)
+            elif entry is not None:
+                node = self.inodes.bind(path, kind, entry, dh.listed_at)
+                attr = self._attr(node) if node.entry is not None else self._entry_attr(node, entry)
+            else:
+                continue  # a staged file deleted since the snapshot
+            if not emit(name, attr, i + 1):
+                self.inodes.maybe_drop(node)
+                return
+            node.lookups += 1
+
+    def releasedir(self, fh: int) -> None:
+        self.dirs.pop(fh, None)
+
+    @counted
+    async def mkdir(self, parent_ino: int, name: str, mode: int) -> Attr:
+        path = self._new_child(parent_ino, name)
+        await self._check("mkdir", path)
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        uid, gid, setgid = self._new_owner(parent_ino)
+        mode = stat.S_IMODE(mode) | (stat.S_ISGID if setgid else 0)
+        entry = await self.origin.mkdir(path, mode, uid=uid, gid=gid)
+        self._dir_changed(path, +1)
+        self.listings.record(path, entry)
+        self.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
+        node = self.inodes.bind(path, Kind.DIR, entry)
+        node.lookups += 1
+        return self._entry_attr(node, entry)
+
+    @counted
+    async def rmdir(self, parent_ino: int, name: str) -> None:
+        path = self._child(parent_ino, name)
+        await self._check("rmdir", path)
+        if self.area.get(path) is not None:
+            raise _err(errno.ENOTDIR, f"{path}: not a directory")
+        if self.area.under(path):
+            raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
+        await self.origin.rmdir(path)
+        self._dir_changed(path, -1)
+        self.listings.record(path, None)
+        self.listings.drop(path)
+        node = self.inodes.at(path)
+        if node is not None:
+            self.inodes.detach(node)
+
+    # -- names -----------------------------------------------------------------------------
+
+    @counted
+    async def unlink(self, parent_ino: int, name: str) -> None:
+        path = self._child(parent_ino, name)
+        await self._check("unlink", path)
+        await self._settle(path)
+        st = self.area.get(path)
+        at_origin = st is None or st.base_version is not None
+        if st is not None:
+            self.area.discard(st)
+        if at_origin:
+            try:
+                await self.origin.delete(path)
+            except NotFound:
+                if st is None:
+                    raise
+            self.listings.record(path, None)
+        self._dir_changed(path)
+        node = self.inodes.at(path)
+        if node is not None:
+            self.inodes.unlink_name(path)
+            if node.path is not None:  # the file's other names: its link count moved
+                node.fetched = 0.0
+
+    @counted
+    async def rename(
+        self,
+        old_parent: int,
+        old_name: str,
+        new_parent: int,
+        new_name: str,
+        *,
+        noreplace: bool = False,
+        exchange: bool = False,
+    ) -> None:
+        """Rename a file or directory. Replacing an existing file is atomic at the origin for
+        files that exist there; a staged (not yet committed) file is renamed locally and
+        commits to its new name, *If-Match* whatever it replaced there (the origin's object,
+        or the version a staged file it replaced was going to replace), journaled in the same
+        step. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
+        if exchange:
+            raise _err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+        old = self._child(old_parent, old_name)
+        new = self._new_child(new_parent, new_name)
+        await self._check("rename_from", old)
+        await self._check("rename_to", new)
+        if old == new:
+            return
+        same = self.inodes.at(old)
+        if same is not None and same is self.inodes.at(new) and same.kind is not Kind.DIR:
+            return  # two names of one file: rename(2) does nothing
+        held = self.area.hold(old, new)  # no commit starts on these names meanwhile
+        try:
+            await self._settle(old)
+            await self._settle(new)
+            moved_dir, replaced = await self._rename(old, new, noreplace=noreplace)
+        finally:
+            self.area.unhold(held)
+        moves = moved_dir and split(old)[0] != split(new)[0]
+        self._dir_changed(old, -1 if moves else 0)
+        self._dir_changed(new, +1 if moves and not replaced else 0)
+
+    async def _rename(self, old: str, new: str, *, noreplace: bool) -> tuple[bool, bool]:
+        """Rename ``old`` to ``new``; returns (a directory was moved, something was replaced)."""
+        st_src = self.area.get(old)
+        st_dst = self.area.get(new)
+        dst_entry = None if st_dst is not None else await self._stat(new)
+        if noreplace and (st_dst is not None or dst_entry is not None):
+            raise _err(errno.EEXIST, f"{new}: exists")
+        local_only = st_src is not None and st_src.base_version is None
+        src_entry: Entry | None = None
+        if local_only:
+            if dst_entry is not None and dst_entry.kind is Kind.DIR:
+                raise _err(errno.EISDIR, f"{new}: is a directory")
+            # the moved file now replaces what is (or will be) at the origin under ``new``
+            if st_dst is not None:
+                base = st_dst.base_version
+            else:
+                base = dst_entry.version if dst_entry is not None else None
+            self.area.move(old, new, rebase=True, base=base)
+            self.inodes.move(old, new)
+        else:
+            src_entry = await self._stat(old) if st_src is None else None
+            if st_src is None and src_entry is None:
+                raise _err(errno.ENOENT, f"{old}: no such file or directory")
+            if src_entry is not None and src_entry.kind is Kind.DIR:
+                if st_dst is not None:
+                    raise _err(errno.ENOTDIR, f"{new}: not a directory")
+                if dst_entry is not None and dst_entry.kind is Kind.DIR and self.area.under(new):
+                    raise _err(errno.ENOTEMPTY, f"{new}: directory not empty")
+            elif dst_entry is not None and dst_entry.kind is Kind.DIR:
+                raise _err(errno.EISDIR, f"{new}: is a directory")
+            try:
+                await self.origin.rename(old, new, replace=not noreplace)
+            except NotFound:
+                if st_src is None:
+                    raise
+            is_dir = src_entry is not None and src_entry.kind is Kind.DIR
+            moved_entry = None if is_dir else await self._stat(new)
+            if is_dir:
+                self.area.move(old, new)
+            else:
+                # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
+                base = moved_entry.version if moved_entry is not None else None
+                self.area.move(old, new, rebase=st_src is not None, base=base)
+            self.inodes.move(old, new)
+            node = self.inodes.at(new)
+            if moved_entry is not None and node is not None:
+                node.entry, node.fetched = moved_entry, time.monotonic()
+            # forget the new parent's listing: its other names are not known without asking
+            self.listings.discard(split(new)[0])
+            if is_dir or src_entry is None:
+                self.listings.drop(old)
+                self.listings.drop(new)
+            if moved_entry is not None:
+                self.listings.record(new, moved_entry)
+        self.listings.record(old, None)
+        self.area.notify()
+        moved_dir = src_entry is not None and src_entry.kind is Kind.DIR
+        return moved_dir, st_dst is not None or dst_entry is not None
+
+    @counted
+    async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
+        path = self._new_child(parent_ino, name)
+        await self._check("symlink", path)
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        uid, gid, _ = self._new_owner(parent_ino)
+        entry = await self.origin.symlink(path, target, uid=uid, gid=gid)
+        self._dir_changed(path)
+        self.listings.record(path, entry)
+        node = self.inodes.bind(path, Kind.SYMLINK, entry)
+        node.lookups += 1
+        return self._entry_attr(node, entry)
+
+    @counted
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int = 0) -> Attr:
+        """Create a FIFO, a socket or (only when the mount allows devices) a device node, at
+        the origin (ENOTSUP where it keeps no special files; EPERM for a device node on a
+        mount without ``allow_devices``). A regular file is created like ``create``."""
+        kind = kind_of_mode(mode)
+        if kind is Kind.FILE:
+            fh, attr = await self.create(parent_ino, name, mode, os.O_WRONLY | os.O_EXCL)
+            await self.flush(fh)
+            await self.release(fh)
+            return attr
+        if kind not in SPECIAL_KINDS:
+            raise _err(errno.EINVAL, f"mknod of file type {stat.S_IFMT(mode):o}")
+        path = self._new_child(parent_ino, name)
+        await self._check("mknod", path)
+        if kind in (Kind.CHAR, Kind.BLOCK) and not self.allow_devices:
+            raise _err(errno.EPERM, "device nodes are not allowed on this mount")
+        if not self.origin.capabilities.special_files:
+            raise _err(errno.EOPNOTSUPP, f"{self.origin.url}: no special files at this origin")
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        uid, gid, _ = self._new_owner(parent_ino)
+        entry = await self.origin.mknod(path, kind, stat.S_IMODE(mode), rdev, uid=uid, gid=gid)
+        self._dir_changed(path)
+        self.listings.record(path, entry)
+        node = self.inodes.bind(path, kind, entry)
+        node.lookups += 1
+        return self._entry_attr(node, entry)
+
+    @counted
+    async def link(self, ino: int, new_parent_ino: int, new_name: str) -> Attr:
+        """Give file ``ino`` a new name. Real hard links where the origin has them (a staged
+        source is committed first, and waited for); an atomic create-if-absent copy where
+        the origin makes links as copies (S3: EEXIST when the name exists on any node).
+        EPERM elsewhere, and for directories."""
+        caps = self.origin.capabilities
+        node = self.inodes.get(ino)
+        if node.kind is Kind.DIR:
+            raise _err(errno.EPERM, "hard links to directories are not allowed")
+        if not (caps.hard_links or caps.link_copies):
+            raise _err(errno.EPERM, f"{self.origin.url}: no hard links at this origin")
+        src = self._path(node)
+        dst = self._new_child(new_parent_ino, new_name)
+        await self._check("link", dst)
+        if self.area.get(dst) is not None:
+            raise _err(errno.EEXIST, f"{dst}: exists")
+        st = self.area.get(src)
+        if st is not None:
+            # what is written so far is committed and linked, as by fsync (object_store links
+            # its temporary file while it is still open); bytes written after the link commit
+            # to ``src`` alone later (a commit writes a new file: the names then part)
+            if st.dirty:
+                self.area.journal_closed(st)
+            await self.commit_now(st)
+        held = self.area.hold(src, dst)
+        try:
+            await self._settle(src)
+            entry = await self.origin.link(src, dst)
+        finally:
+            self.area.unhold(held)
+        self._dir_changed(dst)
+        self.listings.record(dst, entry)
+        if caps.hard_links:
+            # one file, one node: the kernel sees the new name as the same inode
+            node.entry, node.fetched = entry, time.monotonic()
+            self.listings.record(src, entry)
+            self.inodes.alias(dst, node)
+            node.lookups += 1
+            return self._entry_attr(node, entry)
+        new = self.inodes.bind(dst, entry.kind, entry)  # a copy: a file of its own
+        new.lookups += 1
+        return self._entry_attr(new, entry)
