@@ -39,6 +39,7 @@ from airfs.writeback.staging import Staged, StagingArea
 from .attrs import Attr, Owner, attr_of, attr_of_entry
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
+from .stats import CoreStats
 
 log = logging.getLogger(__name__)
 
@@ -838,10 +839,14 @@ class Filesystem:
 
     # -- status ----------------------------------------------------------------------------
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "inodes": len(self.inodes),
-            "open_files": len(self.handles),
-            "ops": dict(self.ops),
-            **self.listings.statistics(),
-        }
+    def statistics(self) -> CoreStats:
+        ls = self.listings.statistics()
+        return CoreStats(
+            inodes=len(self.inodes),
+            open_files=len(self.handles),
+            listings=ls["listings"],
+            listing_hits=ls["listing_hits"],
+            listing_negative_hits=ls["listing_negative_hits"],
+            relists=ls["relists"],
+            ops=dict(self.ops),
+        )
