@@ -35,7 +35,7 @@ from airfs.core.attrs import Owner
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse import DEFAULT_TRANSPORT
-from airfs.fuse.transport import Transport, TransportError, make_transport
+from airfs.fuse.transport import Transport, TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
@@ -457,15 +457,8 @@ class Daemon:
         initialized = trio.Event()
         fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")
         try:
-            self.transport = transport = make_transport(
-                cfg.fuse,
-                self.fs,
-                cfg.ttl,
-                fsname=fsname,
-                allow_other=_allow_other(cfg),
-                debug=cfg.debug,
-                on_init=initialized.set,
-            )
+            opts = TransportOptions(fsname, _allow_other(cfg), cfg.debug, initialized.set)
+            self.transport = transport = make_transport(cfg.fuse, self.fs, cfg.ttl, opts)
         except TransportError as exc:
             raise MountError(str(exc)) from None
         # Everything that touches the mountpoint path happens before the mount: once mounted,
@@ -659,14 +652,6 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         return 1
     finally:
         ready("daemon exited before the mount was ready")
-
-
-def _mount_error(exc: BaseException) -> str | None:
-    """The message of the :class:`MountError` that ``exc`` (an exception group from the
-    daemon's nurseries) carries, if that is all it carries."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return str(exc) if isinstance(exc, MountError) else None
 
 
 def main(argv: list[str] | None = None) -> int:
