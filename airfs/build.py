@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import trio
 
 from airfs.core.attrs import Owner
+from airfs.core.context import Guard
 from airfs.core.fs import Filesystem
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin
@@ -57,6 +58,8 @@ async def build(
     staging_size: int = 100 << 30,
     staging_min_free: int = 0,
     write_wait: float = 30.0,
+    allow_devices: bool = False,
+    guard: Guard | None = None,
     owner: Owner | None = None,
     readpath: ReadPathFactory = _direct,
     rebuild_journal: bool = False,
@@ -100,6 +103,8 @@ async def build(
             ttl=ttl,
             owner=owner or Owner(os.getuid(), os.getgid()),
             write_wait_s=write_wait,
+            allow_devices=allow_devices,
+            guard=guard,
         )
         uploader = Uploader(
             area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency

@@ -170,6 +170,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         debug=args.debug,
         no_cache=args.no_cache,
         write_wait=args.write_wait,
+        allow_devices=args.allow_devices,
         rebuild_cache=args.rebuild_cache,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
@@ -621,6 +622,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=30.0,
         metavar="SECONDS",
         help="how long a writer waits for staging space before ENOSPC (default 30)",
+    )
+    m.add_argument(
+        "--allow-devices",
+        action="store_true",
+        help="let mknod create device nodes (POSIX origins; they cannot be opened through "
+        "the mount, which is nodev)",
     )
     m.add_argument("--no-cache", action="store_true", help="read through to the origin, no cache")
     m.add_argument(

@@ -75,6 +75,8 @@ class MountConfig:
     debug: bool = False
     no_cache: bool = False
     write_wait: float = 30.0
+    #: let ``mknod`` create device nodes (they still cannot be opened: the mount is nodev)
+    allow_devices: bool = False
     #: a damaged block-cache index is moved aside (the cache starts empty) instead of refused
     rebuild_cache: bool = False
     #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
@@ -429,6 +431,7 @@ class Daemon:
                 ttl=cfg.ttl,
                 staging_size=cfg.staging_size,
                 write_wait=cfg.write_wait,
+                allow_devices=cfg.allow_devices,
                 owner=Owner(os.getuid(), os.getgid()),
                 readpath=functools.partial(make_readpath, cfg),
                 rebuild_journal=cfg.rebuild_journal,

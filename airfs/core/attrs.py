@@ -1,5 +1,4 @@
-"""File attributes as the core reports them (the FUSE adapter turns them into
-``pyfuse3.EntryAttributes``)."""
+"""File attributes as the core reports them (the FUSE adapters pack them for the kernel)."""
 
 from __future__ import annotations
 
@@ -8,15 +7,32 @@ from dataclasses import dataclass
 
 from airfs.origin.base import Entry, Kind
 
-_TYPE_BITS = {Kind.FILE: stat.S_IFREG, Kind.DIR: stat.S_IFDIR, Kind.SYMLINK: stat.S_IFLNK}
+_TYPE_BITS = {
+    Kind.FILE: stat.S_IFREG,
+    Kind.DIR: stat.S_IFDIR,
+    Kind.SYMLINK: stat.S_IFLNK,
+    Kind.FIFO: stat.S_IFIFO,
+    Kind.SOCKET: stat.S_IFSOCK,
+    Kind.CHAR: stat.S_IFCHR,
+    Kind.BLOCK: stat.S_IFBLK,
+}
+_KIND_OF_TYPE = {bits: kind for kind, bits in _TYPE_BITS.items()}
 
 #: Preferred I/O size reported to tools (``cp`` and friends size their buffers from it).
 BLKSIZE = 1 << 20
 
+#: permission bits with setuid, setgid and sticky (what ``chmod`` sets)
+MODE_BITS = 0o7777
+
+
+def kind_of_mode(mode: int) -> Kind | None:
+    """The :class:`Kind` of a full ``st_mode`` (None for an unknown file type)."""
+    return _KIND_OF_TYPE.get(stat.S_IFMT(mode))
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """Who owns every file of a mount (origins have no owners the mount could trust)."""
+    """A uid/gid pair: the mount's default owner (of objects the origin keeps no owner for)."""
 
     uid: int
     gid: int
@@ -24,7 +40,10 @@ class Owner:
 
 @dataclass(frozen=True, slots=True)
 class Attr:
-    """``stat`` of one inode. ``mode`` includes the file-type bits."""
+    """``stat`` of one inode. ``mode`` includes the file-type bits. ``atime_ns`` and
+    ``ctime_ns`` default to ``mtime_ns`` where nothing else is known. ``ino`` is both the
+    node id the kernel knows the inode by and its ``st_ino`` (the names of a hard-linked file
+    share one node: :class:`~airfs.core.inodes.InodeTable`)."""
 
     ino: int
     mode: int
@@ -33,24 +52,66 @@ class Attr:
     uid: int
     gid: int
     nlink: int = 1
+    atime_ns: int = -1
+    ctime_ns: int = -1
+    rdev: int = 0
+
+    def __post_init__(self) -> None:
+        if self.atime_ns < 0:
+            object.__setattr__(self, "atime_ns", self.mtime_ns)
+        if self.ctime_ns < 0:
+            object.__setattr__(self, "ctime_ns", self.mtime_ns)
 
     @property
     def blocks(self) -> int:
         return (self.size + 511) // 512
 
 
-def attr_of(ino: int, kind: Kind, size: int, mtime_ns: int, mode: int, owner: Owner) -> Attr:
+def attr_of(
+    ino: int,
+    kind: Kind,
+    size: int,
+    mtime_ns: int,
+    mode: int,
+    owner: Owner,
+    *,
+    nlink: int | None = None,
+    atime_ns: int | None = None,
+    ctime_ns: int | None = None,
+    rdev: int = 0,
+) -> Attr:
     """Build an :class:`Attr` from origin-style fields (``mode`` = permission bits)."""
     return Attr(
         ino=ino,
-        mode=_TYPE_BITS[kind] | stat.S_IMODE(mode),
+        mode=_TYPE_BITS[kind] | (mode & MODE_BITS),
         size=size,
         mtime_ns=mtime_ns,
         uid=owner.uid,
         gid=owner.gid,
-        nlink=2 if kind is Kind.DIR else 1,
+        nlink=nlink if nlink is not None else (2 if kind is Kind.DIR else 1),
+        atime_ns=atime_ns if atime_ns is not None else -1,
+        ctime_ns=ctime_ns if ctime_ns is not None else -1,
+        rdev=rdev,
     )
 
 
 def attr_of_entry(ino: int, entry: Entry, owner: Owner) -> Attr:
-    return attr_of(ino, entry.kind, entry.size, entry.mtime_ns, entry.mode, owner)
+    """The attributes of an origin entry; ``owner`` applies where the origin keeps none."""
+    if entry.uid is not None or entry.gid is not None:
+        owner = Owner(
+            entry.uid if entry.uid is not None else owner.uid,
+            entry.gid if entry.gid is not None else owner.gid,
+        )
+    nlink = entry.nlink if entry.kind is not Kind.DIR or entry.nlink >= 2 else 2
+    return attr_of(
+        ino,
+        entry.kind,
+        entry.size,
+        entry.mtime_ns,
+        entry.mode,
+        owner,
+        nlink=nlink,
+        atime_ns=entry.atime_ns,
+        ctime_ns=entry.ctime_ns,
+        rdev=entry.rdev,
+    )

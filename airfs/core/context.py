@@ -1,13 +1,18 @@
 """Who asked: the caller of a filesystem request, and the hook that governs access.
 
-Every core operation that a process triggers takes a :class:`Caller` (the FUSE request's
-uid, gid and pid; ``SO_PEERCRED`` on the control socket). The kernel still checks the mode
+Every core operation that a process triggers runs with a :class:`Caller` (the FUSE request's
+uid, gid and pid; ``SO_PEERCRED`` on the control socket), set by the adapter in a context
+variable before it calls the core (:func:`as_caller`; each request is its own trio task or runs
+to its end before the next starts, so the value never leaks from one request into another).
+Internal work (commits, recovery, warm-ups the daemon starts) runs as :data:`DAEMON`. The
+kernel still checks the mode
 bits (``default_permissions``); the core uses the caller for what the kernel cannot know:
 the owner of new files, the ``chown`` rules, and the :class:`Guard` of governed volumes.
 """
 
 from __future__ import annotations
 
+import contextvars
 import os
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -34,6 +39,19 @@ class Caller:
 
 #: internal work (commits, recovery, warm-up started by the daemon itself)
 DAEMON = Caller(os.getuid(), os.getgid())
+
+
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("airfs_caller", default=DAEMON)
+
+
+def current_caller() -> Caller:
+    """The caller of the request being served (:data:`DAEMON` outside any request)."""
+    return _CALLER.get()
+
+
+def as_caller(caller: Caller) -> None:
+    """Serve the rest of this request (this task, from here on) as ``caller``."""
+    _CALLER.set(caller)
 
 
 def groups_of(pid: int) -> frozenset[int]:

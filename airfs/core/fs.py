@@ -32,11 +32,22 @@ from typing import Any, ParamSpec, TypeVar
 import trio
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Conflict, Entry, Kind, NotADir, NotFound, OriginError, join, split
+from airfs.origin.base import (
+    SPECIAL_KINDS,
+    Conflict,
+    Entry,
+    Kind,
+    NotADir,
+    NotFound,
+    OriginError,
+    join,
+    split,
+)
 from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 
-from .attrs import Attr, Owner, attr_of, attr_of_entry
+from .attrs import Attr, Owner, attr_of, attr_of_entry, kind_of_mode
+from .context import Guard, current_caller
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
 from .stats import CoreStats
@@ -111,8 +122,15 @@ class Filesystem:
         ttl: float = 1.0,
         owner: Owner | None = None,
         write_wait_s: float = 30.0,
+        allow_devices: bool = False,
+        guard: Guard | None = None,
     ) -> None:
         self.origin = origin
+        self.allow_devices = allow_devices
+        self.guard = guard
+        #: directories whose entries changed here (a staged create or unlink) at this time
+        #: (ns): reported as their mtime/ctime until the origin reports a later one
+        self._dir_times: dict[str, int] = {}
         self.readpath = readpath
         self.area = area
         self.ttl = ttl
@@ -162,7 +180,37 @@ class Filesystem:
         return path
 
     def _staged_attr(self, node: Node, st: Staged) -> Attr:
-        return attr_of(node.ino, Kind.FILE, st.size, st.mtime_ns, st.mode, self.owner)
+        owner = Owner(
+            self.owner.uid if st.uid is None else st.uid,
+            self.owner.gid if st.gid is None else st.gid,
+        )
+        return attr_of(
+            node.ino,
+            Kind.FILE,
+            st.size,
+            st.mtime_ns,
+            st.mode,
+            owner,
+            atime_ns=st.atime_ns,
+            ctime_ns=max(st.ctime_ns, st.mtime_ns),
+        )
+
+    def _entry_attr(self, node: Node, entry: Entry) -> Attr:
+        """Attributes of an origin entry; a directory whose entries changed here reports
+        that change's time until the origin reports a later one."""
+        if entry.kind is Kind.DIR and node.path is not None:
+            t = self._dir_times.get(node.path)
+            if t is not None:
+                if t > entry.mtime_ns:
+                    ctime = max(t, entry.ctime_ns or 0)
+                    entry = dataclasses.replace(entry, mtime_ns=t, ctime_ns=ctime)
+                else:
+                    del self._dir_times[node.path]
+        return attr_of_entry(node.ino, entry, self.owner)
+
+    def _dir_changed(self, path: str) -> None:
+        """An entry of directory ``path`` was created, removed or renamed."""
+        self._dir_times[split(path)[0]] = time.time_ns()
 
     def _attr(self, node: Node) -> Attr:
         st = self.area.get(node.path) if node.path is not None else node.staged
@@ -170,10 +218,34 @@ class Filesystem:
             return self._staged_attr(node, st)
         if node.entry is None:
             raise _err(errno.ENOENT, "no such file")
-        return attr_of_entry(node.ino, node.entry, self.owner)
+        return self._entry_attr(node, node.entry)
 
     def _fresh(self, node: Node) -> bool:
-        return node.entry is not None and time.monotonic() - node.fetched < self.ttl
+        """Whether ``node.entry`` may be used without asking the origin. A file with several
+        names is always asked (a change through another name moves its link count)."""
+        e = node.entry
+        if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
+            return False
+        return time.monotonic() - node.fetched < self.ttl
+
+    async def _check(self, op: str, path: str) -> None:
+        """Ask the guard (governed volumes) whether the caller may do ``op`` on ``path``."""
+        if self.guard is not None:
+            await self.guard.check(current_caller(), op, path)
+
+    def _new_owner(self, parent_ino: int) -> tuple[int, int, bool]:
+        """(uid, gid, setgid) of an object the caller creates in ``parent_ino``: the caller's
+        uid, and its gid unless the directory is setgid (then the directory's group, and new
+        directories inherit the setgid bit)."""
+        caller = current_caller()
+        parent = self.inodes.get(parent_ino)
+        try:
+            pattr = self._attr(parent)
+        except OSError:
+            return caller.uid, caller.gid, False
+        if pattr.mode & stat.S_ISGID:
+            return caller.uid, pattr.gid, True
+        return caller.uid, caller.gid, False
 
     async def _stat(self, path: str, *, fast: bool = False) -> Entry | None:
         try:
@@ -247,13 +319,27 @@ class Filesystem:
         """The uploader's ``on_committed`` hook: ``st`` is at the origin as ``entry``.
 
         Runs while the upload still holds ``st``, so the staged bytes are exactly that
-        version's. Where the origin keeps no mtimes, the entry takes the staged file's mode
-        and mtime, so a file's attributes never change by themselves at its commit."""
+        version's. Attributes set while it was being uploaded (``rsync`` sets owner, mode and
+        times on its temporary file just before the rename) are set at the origin now. Where
+        the origin keeps no mtimes, the entry takes the staged file's mtime, so a file's
+        attributes never change by themselves at its commit."""
+        caps = self.origin.capabilities
+        mode = st.mode & 0o7777 if caps.modes and st.mode & 0o7777 != entry.mode else None
+        mtime = st.mtime_ns if self._mtimes and st.mtime_ns != entry.mtime_ns else None
+        uid = st.uid if caps.owners and st.uid is not None and st.uid != entry.uid else None
+        gid = st.gid if caps.owners and st.gid is not None and st.gid != entry.gid else None
+        if any(v is not None for v in (mode, mtime, uid, gid)):
+            try:
+                entry = await self.origin.set_attrs(path, mode, mtime, uid=uid, gid=gid)
+            except OriginError as exc:
+                log.warning("%s: attributes set during its commit not kept: %s", path, exc)
         if not self._mtimes:
             entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
         self.listings.record(path, entry)
         node = self.inodes.at(path)
         if node is not None:
+            if node.aliases:
+                self.inodes.split(node)  # a new file at this name: the other names part
             node.entry = entry
             node.fetched = time.monotonic()
             if node.cached_version == f"staged:{st.id}" and not st.dirty:
@@ -271,6 +357,7 @@ class Filesystem:
     async def lookup(self, parent_ino: int, name: str) -> Attr:
         """Resolve ``name`` in a directory; the kernel's lookup count goes up by one."""
         path = self._child(parent_ino, name)
+        await self._check("lookup", path)
         st = self.area.get(path)
         if st is not None:
             bound = self.inodes.bind(path, Kind.FILE, None)
@@ -298,7 +385,7 @@ class Filesystem:
                 if self.area.get(path) is not None:  # created while we asked
                     return await self.lookup(parent_ino, name)
                 if node is not None and node.opens == 0:
-                    self.inodes.detach(node)
+                    self.inodes.unlink_name(path)
                 raise _err(errno.ENOENT, f"{path}: no such file or directory")
             node = self.inodes.bind(path, entry.kind, entry, t0)
         node.lookups += 1
@@ -318,13 +405,13 @@ class Filesystem:
                 return self._staged_attr(node, node.staged)
             if node.entry is None:
                 raise _err(errno.ESTALE, "replaced or removed")
-            return attr_of_entry(node.ino, node.entry, self.owner)
+            return self._entry_attr(node, node.entry)
         entry = await self._refresh(node)
         if entry is None:
             if node.opens and node.entry is not None:
-                return attr_of_entry(node.ino, node.entry, self.owner)
+                return self._entry_attr(node, node.entry)
             raise _err(errno.ENOENT, f"{node.path}: no such file or directory")
-        return attr_of_entry(node.ino, entry, self.owner)
+        return self._entry_attr(node, entry)
 
     @counted
     async def setattr(
@@ -335,11 +422,34 @@ class Filesystem:
         mode: int | None = None,
         mtime_ns: int | None = None,
         fh: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
     ) -> Attr:
-        """Truncate/extend, chmod, set mtime. Owners are the mount's and are not changed
-        (chown is accepted and ignored); atime is not kept. A mode or mtime set on a staged
-        file is journaled with it and kept through its commit."""
+        """Truncate/extend, chmod, chown, set times. A mode, owner or time set on a staged
+        file is journaled with it and kept through its commit; on an origin object it is set
+        at the origin (where the origin keeps it). Ownership rules: only root gives a file to
+        another user (EPERM); the group rules (owner, one of its groups) are the kernel's
+        (``default_permissions``), which also clears setuid/setgid through ``mode``."""
         node = self.inodes.get(ino)
+        await self._check("write", self._path(node) if node.path is not None else "")
+        if uid is not None or gid is not None:
+            cur_attr = self._attr(node) if node.path is not None else None
+            caller = current_caller()
+            if (
+                uid is not None
+                and not caller.is_root
+                and (cur_attr is None or uid != cur_attr.uid)
+            ):
+                raise _err(errno.EPERM, "only root can change the owner of a file")
+            if (
+                gid is not None
+                and not caller.is_root
+                and cur_attr is not None
+                and gid != cur_attr.gid
+                and (caller.uid != cur_attr.uid or not caller.in_group(gid))
+            ):
+                raise _err(errno.EPERM, "the group can be changed only to one of the owner's")
         if size is not None:
             if node.kind is Kind.DIR:
                 raise _err(errno.EISDIR, "is a directory")
@@ -356,7 +466,8 @@ class Filesystem:
                     temporary = True
                 st.refs += 1  # keep it while we wait below
                 try:
-                    await self.area.reserve(st, size, self.write_wait_s)
+                    # no space is reserved: an extension is a hole (staging counts allocated
+                    # bytes); a size the staging filesystem cannot hold is its EFBIG
                     if size != st.size or size != 0:
                         self.area.truncate(st, size)
                 finally:
@@ -365,19 +476,25 @@ class Filesystem:
                         self.area.close_writer(st)
                     self.area.release(st)
                     self.area.notify()
-        if mode is not None or mtime_ns is not None:
+        if any(v is not None for v in (mode, mtime_ns, uid, gid, atime_ns)):
             cur = self.area.get(node.path) if node.path is not None else node.staged
             new_mode = None if mode is None else stat.S_IMODE(mode)
             if cur is not None:
-                self.area.set_attrs(cur, mode=new_mode, mtime_ns=mtime_ns)
+                self.area.set_attrs(
+                    cur, mode=new_mode, mtime_ns=mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
+                )
+            if mtime_ns is not None and node.path is not None:
+                self._dir_times.pop(node.path, None)  # a time set wins over our own
             at_origin = cur is None or not any(v.dirty for v in self.area.versions(cur))
-            if at_origin and node.path is not None and node.kind is not Kind.SYMLINK:
-                entry = await self.origin.set_attrs(node.path, new_mode, mtime_ns)
+            if at_origin and node.path is not None:
+                entry = await self.origin.set_attrs(
+                    node.path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
+                )
                 node.entry = entry
                 node.fetched = time.monotonic()
                 self.listings.record(node.path, entry)
         if node.path is None and node.entry is not None and node.staged is None:
-            return attr_of_entry(node.ino, node.entry, self.owner)
+            return self._entry_attr(node, node.entry)
         return self._attr(node)
 
     @counted
@@ -385,6 +502,7 @@ class Filesystem:
         node = self.inodes.get(ino)
         if node.kind is not Kind.SYMLINK:
             raise _err(errno.EINVAL, "not a symlink")
+        await self._check("readlink", self._path(node))
         return await self.origin.readlink(self._path(node))
 
     @counted
@@ -400,6 +518,7 @@ class Filesystem:
         if node.kind is not Kind.DIR:
             raise _err(errno.ENOTDIR, "not a directory")
         path = self._path(node)
+        await self._check("readdir", path)
         # Staged files first: one whose commit lands while we list would otherwise be in
         # neither snapshot.
         staged = self.area.children(path)
@@ -413,6 +532,9 @@ class Filesystem:
             assert st.path is not None
             name = st.path.rpartition("/")[2]
             merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
+        if self.guard is not None:
+            caller = current_caller()
+            merged = {n: v for n, v in merged.items() if self.guard.visible(caller, path, n)}
         fh = self._fh()
         self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]), t0)
         return fh
@@ -437,7 +559,7 @@ class Filesystem:
                 attr = (
                     self._attr(node)
                     if node.entry is not None
-                    else attr_of_entry(node.ino, entry, self.owner)
+                    else self._entry_attr(node, entry)
                 )
             else:
                 continue  # a staged file deleted since the snapshot
@@ -452,23 +574,29 @@ class Filesystem:
     @counted
     async def mkdir(self, parent_ino: int, name: str, mode: int) -> Attr:
         path = self._new_child(parent_ino, name)
+        await self._check("mkdir", path)
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
-        entry = await self.origin.mkdir(path, stat.S_IMODE(mode))
+        uid, gid, setgid = self._new_owner(parent_ino)
+        mode = stat.S_IMODE(mode) | (stat.S_ISGID if setgid else 0)
+        entry = await self.origin.mkdir(path, mode, uid=uid, gid=gid)
+        self._dir_changed(path)
         self.listings.record(path, entry)
         self.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
         node = self.inodes.bind(path, Kind.DIR, entry)
         node.lookups += 1
-        return attr_of_entry(node.ino, entry, self.owner)
+        return self._entry_attr(node, entry)
 
     @counted
     async def rmdir(self, parent_ino: int, name: str) -> None:
         path = self._child(parent_ino, name)
+        await self._check("rmdir", path)
         if self.area.get(path) is not None:
             raise _err(errno.ENOTDIR, f"{path}: not a directory")
         if self.area.under(path):
             raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
         await self.origin.rmdir(path)
+        self._dir_changed(path)
         self.listings.record(path, None)
         self.listings.drop(path)
         node = self.inodes.at(path)
@@ -480,6 +608,7 @@ class Filesystem:
     @counted
     async def unlink(self, parent_ino: int, name: str) -> None:
         path = self._child(parent_ino, name)
+        await self._check("unlink", path)
         await self._settle(path)
         st = self.area.get(path)
         at_origin = st is None or st.base_version is not None
@@ -492,9 +621,12 @@ class Filesystem:
                 if st is None:
                     raise
             self.listings.record(path, None)
+        self._dir_changed(path)
         node = self.inodes.at(path)
         if node is not None:
-            self.inodes.detach(node)
+            self.inodes.unlink_name(path)
+            if node.path is not None:  # the file's other names: its link count moved
+                node.fetched = 0.0
 
     @counted
     async def rename(
@@ -516,8 +648,13 @@ class Filesystem:
             raise _err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         old = self._child(old_parent, old_name)
         new = self._new_child(new_parent, new_name)
+        await self._check("rename_from", old)
+        await self._check("rename_to", new)
         if old == new:
             return
+        same = self.inodes.at(old)
+        if same is not None and same is self.inodes.at(new) and same.kind is not Kind.DIR:
+            return  # two names of one file: rename(2) does nothing
         held = self.area.hold(old, new)  # no commit starts on these names meanwhile
         try:
             await self._settle(old)
@@ -525,6 +662,8 @@ class Filesystem:
             await self._rename(old, new, noreplace=noreplace)
         finally:
             self.area.unhold(held)
+        self._dir_changed(old)
+        self._dir_changed(new)
 
     async def _rename(self, old: str, new: str, *, noreplace: bool) -> None:
         st_src = self.area.get(old)
@@ -585,13 +724,88 @@ class Filesystem:
     @counted
     async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
         path = self._new_child(parent_ino, name)
+        await self._check("symlink", path)
         if self.area.get(path) is not None:
             raise _err(errno.EEXIST, f"{path}: exists")
-        entry = await self.origin.symlink(path, target)
+        uid, gid, _ = self._new_owner(parent_ino)
+        entry = await self.origin.symlink(path, target, uid=uid, gid=gid)
+        self._dir_changed(path)
         self.listings.record(path, entry)
         node = self.inodes.bind(path, Kind.SYMLINK, entry)
         node.lookups += 1
-        return attr_of_entry(node.ino, entry, self.owner)
+        return self._entry_attr(node, entry)
+
+    @counted
+    async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int = 0) -> Attr:
+        """Create a FIFO, a socket or (only when the mount allows devices) a device node, at
+        the origin (ENOTSUP where it keeps no special files; EPERM for a device node on a
+        mount without ``allow_devices``). A regular file is created like ``create``."""
+        kind = kind_of_mode(mode)
+        if kind is Kind.FILE:
+            fh, attr = await self.create(parent_ino, name, mode, os.O_WRONLY | os.O_EXCL)
+            await self.flush(fh)
+            await self.release(fh)
+            return attr
+        if kind not in SPECIAL_KINDS:
+            raise _err(errno.EINVAL, f"mknod of file type {stat.S_IFMT(mode):o}")
+        path = self._new_child(parent_ino, name)
+        await self._check("mknod", path)
+        if kind in (Kind.CHAR, Kind.BLOCK) and not self.allow_devices:
+            raise _err(errno.EPERM, "device nodes are not allowed on this mount")
+        if not self.origin.capabilities.special_files:
+            raise _err(errno.EOPNOTSUPP, f"{self.origin.url}: no special files at this origin")
+        if self.area.get(path) is not None:
+            raise _err(errno.EEXIST, f"{path}: exists")
+        uid, gid, _ = self._new_owner(parent_ino)
+        entry = await self.origin.mknod(path, kind, stat.S_IMODE(mode), rdev, uid=uid, gid=gid)
+        self._dir_changed(path)
+        self.listings.record(path, entry)
+        node = self.inodes.bind(path, kind, entry)
+        node.lookups += 1
+        return self._entry_attr(node, entry)
+
+    @counted
+    async def link(self, ino: int, new_parent_ino: int, new_name: str) -> Attr:
+        """Give file ``ino`` a new name. Real hard links where the origin has them (a staged
+        source is committed first, and waited for); an atomic create-if-absent copy where
+        the origin makes links as copies (S3: EEXIST when the name exists on any node).
+        EPERM elsewhere, and for directories."""
+        caps = self.origin.capabilities
+        node = self.inodes.get(ino)
+        if node.kind is Kind.DIR:
+            raise _err(errno.EPERM, "hard links to directories are not allowed")
+        if not (caps.hard_links or caps.link_copies):
+            raise _err(errno.EPERM, f"{self.origin.url}: no hard links at this origin")
+        src = self._path(node)
+        dst = self._new_child(new_parent_ino, new_name)
+        await self._check("link", dst)
+        if self.area.get(dst) is not None:
+            raise _err(errno.EEXIST, f"{dst}: exists")
+        st = self.area.get(src)
+        if st is not None:
+            # what is closed is committed and linked; bytes still being written commit to
+            # ``src`` alone later (a commit writes a new file: the names then part)
+            if st.dirty and st.writers == 0:
+                self.area.journal_closed(st)
+            await self.commit_now(st)
+        held = self.area.hold(src, dst)
+        try:
+            await self._settle(src)
+            entry = await self.origin.link(src, dst)
+        finally:
+            self.area.unhold(held)
+        self._dir_changed(dst)
+        self.listings.record(dst, entry)
+        if caps.hard_links:
+            # one file, one node: the kernel sees the new name as the same inode
+            node.entry, node.fetched = entry, time.monotonic()
+            self.listings.record(src, entry)
+            self.inodes.alias(dst, node)
+            node.lookups += 1
+            return self._entry_attr(node, entry)
+        new = self.inodes.bind(dst, entry.kind, entry)  # a copy: a file of its own
+        new.lookups += 1
+        return self._entry_attr(new, entry)
 
     # -- files -----------------------------------------------------------------------------
 
@@ -625,6 +839,10 @@ class Filesystem:
         )
         if entry is not None:
             st.mtime_ns = entry.mtime_ns
+            st.uid, st.gid = entry.uid, entry.gid
+        else:
+            caller = current_caller()
+            st.uid, st.gid = caller.uid, caller.gid
         if entry is not None and not truncate and entry.size:
             try:
                 await self.area.reserve(st, entry.size, self.write_wait_s)
@@ -681,6 +899,7 @@ class Filesystem:
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         trunc = bool(flags & os.O_TRUNC) and writable
+        await self._check("open_write" if writable else "open_read", node.path)
         async with node.lock:
             if writable:
                 live = await self._stage(node, truncate=trunc)
@@ -735,14 +954,22 @@ class Filesystem:
         """Create and open a new file (staged only until its first commit). A file created
         with ``O_RDONLY`` (lock files) is committed like any other once closed."""
         path = self._new_child(parent_ino, name)
+        await self._check("create", path)
         existing = self.area.get(path)
         if existing is not None and flags & os.O_EXCL:
             raise _err(errno.EEXIST, f"{path}: exists")
         writable = flags & os.O_ACCMODE != os.O_RDONLY
+        uid, gid, _ = self._new_owner(parent_ino)
+        mode = stat.S_IMODE(mode)
+        caller = current_caller()
+        if mode & stat.S_ISGID and not caller.is_root and not caller.in_group(gid):
+            mode &= ~stat.S_ISGID  # as the kernel does for a group the creator is not in
         node = self.inodes.bind(path, Kind.FILE, None)
         async with node.lock:
             base = existing.base_version if existing is not None else None
-            st = self.area.create(path, base_version=base, mode=stat.S_IMODE(mode))
+            st = self.area.create(path, base_version=base, mode=mode)
+            st.uid, st.gid = uid, gid
+            self._dir_changed(path)
             if writable:
                 st = await self.area.open_write(st, truncate=False)
             st.refs += 1
@@ -780,7 +1007,9 @@ class Filesystem:
         if not h.writable or h.staged is None:
             raise _err(errno.EBADF, "file not open for writing")
         st = await self._writable(h)
-        await self.area.reserve(st, offset + len(data), self.write_wait_s)
+        # a write allocates at most its own length (one far past the end leaves a hole)
+        end = min(offset + len(data), st.size + len(data))
+        await self.area.reserve(st, end, self.write_wait_s)
         return self.area.write(st, offset, data)
 
     @counted

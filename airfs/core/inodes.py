@@ -7,6 +7,9 @@ Contract:
   directory, every known descendant) to the new path without changing numbers;
 * a node replaced or removed while still referenced is *detached*: it keeps its number and
   its open handles keep working, but no path leads to it any more;
+* the names of one hard-linked file (an origin entry with ``nlink > 1`` and an ``ino``, or a
+  name made by ``link``) share one node: ``path`` is one of its names, ``aliases`` the
+  others, and the kernel sees one inode (its link count and ``st_ino`` right for every name);
 * the root is inode 1 and is never dropped.
 """
 
@@ -47,6 +50,8 @@ class Node:
     #: The version whose bytes the kernel may hold in its page cache for this inode.
     cached_version: str | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
+    #: the file's other names (hard links), besides ``path``
+    aliases: set[str] = field(default_factory=set)
 
     @property
     def detached(self) -> bool:
@@ -60,6 +65,8 @@ class InodeTable:
         self._by_ino: dict[int, Node] = {}
         #: indexed by directory: a rename costs the nodes it moves, not the table's size
         self._by_path: PathDict[Node] = PathDict()
+        #: origin file number -> the node of a file with several names
+        self._by_file: dict[int, Node] = {}
         self._next = itertools.count(ROOT_INO + 1)
         # origin entries of nodes the kernel forgot, so that a known name stays usable while
         # the origin is unreachable (bounded LRU; dropped on rename/removal)
@@ -102,12 +109,64 @@ class InodeTable:
             if entry is not None and at >= node.fetched:
                 node.entry = entry
                 node.fetched = at
+                self._note_links(node)
             return node
         if node is not None:
-            self.detach(node)
+            self.unlink_name(path)
+        if entry is not None and entry.nlink > 1 and entry.ino and kind is not Kind.DIR:
+            same = self._by_file.get(entry.ino)
+            if same is not None and same.path is not None and same.kind is kind:
+                self.alias(path, same)  # another name of a file we know
+                if at >= same.fetched:
+                    same.entry, same.fetched = entry, at
+                return same
         node = Node(next(self._next), path, kind, entry, at)
         self._add(node)
+        self._note_links(node)
         return node
+
+    def _note_links(self, node: Node) -> None:
+        e = node.entry
+        if e is not None and e.nlink > 1 and e.ino and node.kind is not Kind.DIR:
+            self._by_file[e.ino] = node
+
+    def alias(self, path: str, node: Node) -> None:
+        """Bind ``path`` as another name of ``node`` (a hard link to it)."""
+        if node.path is None or path == node.path:
+            return
+        other = self._by_path.get(path)
+        if other is not None and other is not node:
+            self.unlink_name(path)
+        self._forget_known(path)
+        node.aliases.add(path)
+        self._by_path[path] = node
+
+    def unlink_name(self, path: str) -> None:
+        """``path`` is gone (unlinked, or replaced): a node with other names keeps them,
+        else it is detached."""
+        node = self._by_path.get(path)
+        if node is None:
+            return
+        if not node.aliases:
+            self.detach(node)
+            return
+        self._forget_known(path)
+        del self._by_path[path]
+        if path == node.path:
+            node.path = min(node.aliases)
+            node.aliases.discard(node.path)
+        else:
+            node.aliases.discard(path)
+
+    def split(self, node: Node) -> None:
+        """``node``'s other names no longer are the same file (it was rewritten through its
+        ``path``: a commit makes a new file): they resolve afresh from now on."""
+        for p in list(node.aliases):
+            if self._by_path.get(p) is node:
+                del self._by_path[p]
+        node.aliases.clear()
+        if node.entry is not None and self._by_file.get(node.entry.ino) is node:
+            del self._by_file[node.entry.ino]
 
     def detach(self, node: Node) -> None:
         """Unbind ``node`` from its path (removed or replaced); drop it if unreferenced."""
@@ -115,6 +174,7 @@ class InodeTable:
             self._forget_known(node.path)
             if self._by_path.get(node.path) is node:
                 del self._by_path[node.path]
+        self.split(node)
         node.path = None
         self.maybe_drop(node)
 
@@ -126,15 +186,18 @@ class InodeTable:
         if not old or not new:
             raise AssertionError("the root is never renamed")
         for path in self._by_path.under(new):
-            node = self._by_path.get(path)
-            if node is not None:  # (detaching a node never unbinds another path)
-                self.detach(node)
+            self.unlink_name(path)
         moved = [(p, self._by_path[p]) for p in self._by_path.under(old)]
         for p, _ in moved:
             del self._by_path[p]
         for p, n in moved:
-            n.path = new + p[len(old) :]
-            self._by_path[n.path] = n
+            moved_to = new + p[len(old) :]
+            if n.path == p:
+                n.path = moved_to
+            else:
+                n.aliases.discard(p)
+                n.aliases.add(moved_to)
+            self._by_path[moved_to] = n
 
     def forget(self, ino: int, count: int) -> None:
         node = self._by_ino.get(ino)
@@ -148,6 +211,7 @@ class InodeTable:
         if node.ino == ROOT_INO or node.lookups or node.opens or node.staged is not None:
             return
         self._by_ino.pop(node.ino, None)
+        self.split(node)
         if node.path is not None and self._by_path.get(node.path) is node:
             del self._by_path[node.path]
             if node.entry is not None:

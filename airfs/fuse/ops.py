@@ -11,12 +11,14 @@ import errno
 import functools
 import logging
 import os
+import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
 from airfs.core.attrs import BLKSIZE, Attr
+from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
 
 log = logging.getLogger(__name__)
@@ -26,10 +28,14 @@ R = TypeVar("R")
 
 
 def replies(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Map core errors to ``FUSEError``."""
+    """Map core errors to ``FUSEError``; serve the request as its caller (``ctx``, pyfuse3's
+    ``RequestContext``, is the last argument of the requests that carry one)."""
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        ctx = kwargs.get("ctx", args[-1] if args else None)
+        if isinstance(ctx, pyfuse3.RequestContext):
+            as_caller(Caller(ctx.uid, ctx.gid, ctx.pid))
         try:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
@@ -73,18 +79,20 @@ class FuseOps(pyfuse3.Operations):
         e.st_ino = a.ino  # type: ignore[assignment]
         e.generation = 0
         e.entry_timeout = self.ttl
-        e.attr_timeout = self.ttl
+        # a file with several names is not cached: a change through another name (an
+        # unlink) moves its link count
+        e.attr_timeout = 0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
         e.st_mode = a.mode  # type: ignore[assignment]
         e.st_nlink = a.nlink
         e.st_uid = a.uid
         e.st_gid = a.gid
-        e.st_rdev = 0
+        e.st_rdev = a.rdev
         e.st_size = a.size
         e.st_blksize = BLKSIZE
         e.st_blocks = a.blocks
-        e.st_atime_ns = a.mtime_ns
+        e.st_atime_ns = a.atime_ns
         e.st_mtime_ns = a.mtime_ns
-        e.st_ctime_ns = a.mtime_ns
+        e.st_ctime_ns = a.ctime_ns
         return e
 
     @replies
@@ -106,6 +114,9 @@ class FuseOps(pyfuse3.Operations):
             mode=attr.st_mode if fields.update_mode else None,
             mtime_ns=attr.st_mtime_ns if fields.update_mtime else None,
             fh=fh,
+            uid=attr.st_uid if fields.update_uid else None,
+            gid=attr.st_gid if fields.update_gid else None,
+            atime_ns=attr.st_atime_ns if fields.update_atime else None,
         )
         return self._entry(a)
 
@@ -151,11 +162,11 @@ class FuseOps(pyfuse3.Operations):
 
     @replies
     async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
-        raise OSError(errno.EPERM, "hard links are not supported")
+        return self._entry(await self.fs.link(inode, new_parent_inode, os.fsdecode(new_name)))
 
     @replies
     async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
-        raise OSError(errno.EPERM, "device nodes, FIFOs and sockets are not supported")
+        return self._entry(await self.fs.mknod(parent_inode, os.fsdecode(name), mode, rdev))
 
     @replies
     async def open(self, inode: int, flags: int, ctx: Any) -> Any:

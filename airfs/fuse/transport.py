@@ -53,7 +53,12 @@ class Pyfuse3Transport:
         from airfs.fuse.ops import FuseOps
 
         self.ops = FuseOps(fs, ttl, on_init=opts.on_init)
-        self.options = {"fsname=" + opts.fsname, "subtype=airfs", "default_permissions"}
+        self.options = {
+            "fsname=" + opts.fsname,
+            "subtype=airfs",
+            "default_permissions",
+            "noatime",
+        }
         if opts.allow_other:
             self.options.add("allow_other")
         if opts.debug:

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 
 import trio
 
-from .base import Capabilities, Entry, FsStats, Origin, OriginError, Transient
+from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Transient
 
 log = logging.getLogger(__name__)
 
@@ -170,9 +170,13 @@ class AsyncOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
         attempts: int | None = None,
     ) -> Entry:
-        fn = functools.partial(self.sync.put, mode=mode, mtime_ns=mtime_ns)
+        fn = functools.partial(
+            self.sync.put, mode=mode, mtime_ns=mtime_ns, **self._owner(uid, gid)
+        )
         return await self.call(
             fn,
             path,
@@ -187,10 +191,15 @@ class AsyncOrigin:
     async def delete(self, path: str) -> None:
         await self.call(self.sync.delete, path, what=f"delete {path}", op="delete", abandon=False)
 
-    async def mkdir(self, path: str, mode: int = 0o755) -> Entry:
-        return await self.call(
-            self.sync.mkdir, path, mode, what=f"mkdir {path}", op="mkdir", abandon=False
-        )
+    def _owner(self, uid: int | None, gid: int | None) -> dict[str, Any]:
+        """Owner arguments, given only to origins that keep owners."""
+        return {"uid": uid, "gid": gid} if self.sync.capabilities.owners else {}
+
+    async def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        fn = functools.partial(self.sync.mkdir, **self._owner(uid, gid))
+        return await self.call(fn, path, mode, what=f"mkdir {path}", op="mkdir", abandon=False)
 
     async def rmdir(self, path: str) -> None:
         await self.call(self.sync.rmdir, path, what=f"rmdir {path}", op="rmdir", abandon=False)
@@ -200,20 +209,52 @@ class AsyncOrigin:
             self.sync.rename, src, dst, replace, what=f"rename {src}", op="rename", abandon=False
         )
 
-    async def symlink(self, path: str, target: str) -> Entry:
+    async def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        fn = functools.partial(self.sync.symlink, **self._owner(uid, gid))
         return await self.call(
-            self.sync.symlink, path, target, what=f"symlink {path}", op="symlink", abandon=False
+            fn, path, target, what=f"symlink {path}", op="symlink", abandon=False
+        )
+
+    async def link(self, src: str, dst: str) -> Entry:
+        return await self.call(
+            self.sync.link, src, dst, what=f"link {dst}", op="link", abandon=False
+        )
+
+    async def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        fn = functools.partial(self.sync.mknod, **self._owner(uid, gid))
+        return await self.call(
+            fn, path, kind, mode, rdev, what=f"mknod {path}", op="mknod", abandon=False
         )
 
     async def set_attrs(
-        self, path: str, mode: int | None = None, mtime_ns: int | None = None
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
     ) -> Entry:
+        caps = self.sync.capabilities
+        extra: dict[str, Any] = {"follow": follow} if caps.owners or caps.atimes else {}
+        if caps.owners:
+            extra.update(uid=uid, gid=gid)
+        if caps.atimes:
+            extra["atime_ns"] = atime_ns
+        fn = functools.partial(self.sync.set_attrs, **extra)
         return await self.call(
-            self.sync.set_attrs,
-            path,
-            mode,
-            mtime_ns,
-            what=f"setattr {path}",
-            op="set_attrs",
-            abandon=False,
+            fn, path, mode, mtime_ns, what=f"setattr {path}", op="set_attrs", abandon=False
         )

@@ -59,7 +59,8 @@ class Entry:
     default owner applies). ``nlink`` counts the names of a file (POSIX hard links; 1 on object
     stores); directories report the origin's count or 2. ``atime_ns``/``ctime_ns`` are None
     where the origin keeps none (the mount reports ``mtime_ns``). ``rdev`` is the device
-    number of a device node.
+    number of a device node. ``ino`` identifies the file at the origin where it has such
+    numbers (0 elsewhere): names with the same ``ino`` are hard links of one file.
     """
 
     name: str
@@ -74,6 +75,7 @@ class Entry:
     atime_ns: int | None = None
     ctime_ns: int | None = None
     rdev: int = 0
+    ino: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,10 +271,10 @@ class Origin(Protocol):
         Readers see the old object or the whole new one, and the new one has its final
         ``mode``, ``mtime_ns`` and owner (where the origin keeps them) from its first visible
         moment; ``mode`` None keeps the replaced object's mode (0644 for a new one),
-        ``mtime_ns`` None means now, ``uid``/``gid`` None keep the replaced object's owner (the
-        origin's default for a new one). With ``if_match`` (a version tag, or ``""`` meaning "must not exist"),
-        raises :class:`Conflict` when the current object does not match. Returns the new
-        entry (with its version).
+        ``mtime_ns`` None means now, ``uid``/``gid`` None keep the replaced object's owner
+        (the origin's default for a new one). With ``if_match`` (a version tag, or ``""``
+        meaning "must not exist"), raises :class:`Conflict` when the current object does
+        not match. Returns the new entry (with its version).
         """
         ...
 

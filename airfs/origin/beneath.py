@@ -68,10 +68,28 @@ def _walk(dir_fd: int, path: str, flags: int) -> int:
             os.close(cur)
 
 
+#: longest path given to one open: origin paths may be longer than PATH_MAX (the user's path
+#: is relative to its working directory inside the mount, ours to the origin's root)
+_CHUNK = 2048
+
+
 def open_beneath(dir_fd: int, path: str, flags: int) -> int:
     """Open ``path`` (relative, ``/``-separated) under ``dir_fd`` with ``flags``; no
     component, the last included, may be a symbolic link (ELOOP) and the path may not leave
-    ``dir_fd`` (EXDEV). Returns a new descriptor (close-on-exec)."""
+    ``dir_fd`` (EXDEV). Returns a new descriptor (close-on-exec). A path longer than one
+    system call takes is opened a directory run at a time (never ENAMETOOLONG for it)."""
+    if len(path) > _CHUNK:
+        cut = path.rfind("/", 0, _CHUNK)
+        if cut > 0:
+            head = open_beneath(dir_fd, path[:cut], _O_PATH | os.O_DIRECTORY)
+            try:
+                return open_beneath(head, path[cut + 1 :], flags)
+            finally:
+                os.close(head)
+    return _open_one(dir_fd, path, flags)
+
+
+def _open_one(dir_fd: int, path: str, flags: int) -> int:
     global _have_openat2
     if _have_openat2 is not False:
         try:

@@ -19,8 +19,9 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from typing import Any
 
-from .base import Capabilities, Entry, FsStats, Origin
+from .base import Capabilities, Entry, FsStats, Kind, Origin
 
 
 class _Link:
@@ -109,10 +110,11 @@ class LatencyOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        **owner: int | None,
     ) -> Entry:
         self._request("put")
         self._transfer(os.stat(source).st_size)
-        return self.inner.put(path, source, if_match, mode=mode, mtime_ns=mtime_ns)
+        return self.inner.put(path, source, if_match, mode=mode, mtime_ns=mtime_ns, **owner)
 
     # -- forwarded as they are -----------------------------------------------------------
 
@@ -134,9 +136,9 @@ class LatencyOrigin:
         self._request("delete")
         self.inner.delete(path)
 
-    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+    def mkdir(self, path: str, mode: int = 0o755, **owner: int | None) -> Entry:
         self._request("mkdir")
-        return self.inner.mkdir(path, mode)
+        return self.inner.mkdir(path, mode, **owner)
 
     def rmdir(self, path: str) -> None:
         self._request("rmdir")
@@ -146,13 +148,23 @@ class LatencyOrigin:
         self._request("rename")
         self.inner.rename(src, dst, replace)
 
-    def symlink(self, path: str, target: str) -> Entry:
+    def symlink(self, path: str, target: str, **owner: int | None) -> Entry:
         self._request("symlink")
-        return self.inner.symlink(path, target)
+        return self.inner.symlink(path, target, **owner)
 
-    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
+    def link(self, src: str, dst: str) -> Entry:
+        self._request("link")
+        return self.inner.link(src, dst)
+
+    def mknod(self, path: str, kind: Kind, mode: int, rdev: int = 0, **owner: int | None) -> Entry:
+        self._request("mknod")
+        return self.inner.mknod(path, kind, mode, rdev, **owner)
+
+    def set_attrs(
+        self, path: str, mode: int | None = None, mtime_ns: int | None = None, **extra: Any
+    ) -> Entry:
         self._request("set_attrs")
-        return self.inner.set_attrs(path, mode, mtime_ns)
+        return self.inner.set_attrs(path, mode, mtime_ns, **extra)
 
     def close(self) -> None:
         self.inner.close()

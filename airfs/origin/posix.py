@@ -47,21 +47,49 @@ def version_of(st: os.stat_result) -> str:
     return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
 
 
+_SPECIAL = {
+    stat.S_IFIFO: Kind.FIFO,
+    stat.S_IFSOCK: Kind.SOCKET,
+    stat.S_IFCHR: Kind.CHAR,
+    stat.S_IFBLK: Kind.BLOCK,
+}
+_TYPE_OF = {kind: bits for bits, kind in _SPECIAL.items()}
+
+#: the daemon can give files away (it runs as root): the origin keeps owners
+_ROOT = os.geteuid() == 0
+
+
 def _entry(name: str, st: os.stat_result) -> Entry:
     if stat.S_ISDIR(st.st_mode):
         kind, version = Kind.DIR, ""
     elif stat.S_ISLNK(st.st_mode):
         kind, version = Kind.SYMLINK, version_of(st)
-    else:
+    elif stat.S_ISREG(st.st_mode):
         kind, version = Kind.FILE, version_of(st)
+    else:
+        kind, version = _SPECIAL.get(stat.S_IFMT(st.st_mode), Kind.FILE), version_of(st)
+    special = kind not in (Kind.FILE, Kind.DIR, Kind.SYMLINK)
     return Entry(
         name=name,
         kind=kind,
-        size=st.st_size,
+        size=0 if special else st.st_size,
         mtime_ns=st.st_mtime_ns,
         mode=stat.S_IMODE(st.st_mode),
         version=version,
+        uid=st.st_uid if _ROOT else None,
+        gid=st.st_gid if _ROOT else None,
+        nlink=st.st_nlink,
+        atime_ns=st.st_atime_ns,
+        ctime_ns=st.st_ctime_ns,
+        rdev=st.st_rdev if kind in (Kind.CHAR, Kind.BLOCK) else 0,
+        ino=st.st_ino,
     )
+
+
+def _chown(fd: int, uid: int | None, gid: int | None) -> None:
+    """Give ``fd`` to ``uid``/``gid`` (None: unchanged) when the daemon can."""
+    if _ROOT and (uid is not None or gid is not None):
+        os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
 
 
 def _copy_sparse(src: int, dst: int) -> None:
@@ -101,8 +129,17 @@ class PosixOrigin:
     target's directory, so two nodes (mounts) sharing the directory never overwrite each
     other's commit silently (on NFS this relies on the server's lock support)."""
 
+    #: owners are kept only when the daemon runs as root (it cannot give files away else)
     capabilities = Capabilities(
-        pin=True, conditional_put=True, symlinks=True, modes=True, mtimes=True
+        pin=True,
+        conditional_put=True,
+        symlinks=True,
+        modes=True,
+        mtimes=True,
+        owners=_ROOT,
+        atimes=True,
+        hard_links=True,
+        special_files=True,
     )
 
     def check_name(self, path: str) -> None:
@@ -283,12 +320,20 @@ class PosixOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
     ) -> Entry:
         """See :meth:`Origin.put`. The temporary file is created 0600 beside the target (the
         directory resolved without following links), filled and fsynced; then, under an
         exclusive ``flock`` of the directory, the precondition is checked, the file gets its
-        final mode and is renamed over ``path``: the name never shows it with another mode
-        (``mode`` None keeps a plain file's mode, never a symbolic link's 0o777)."""
+        final owner and mode and is renamed over ``path``: the name never shows it with
+        another mode (``mode`` None keeps a plain file's mode, never a symbolic link's 0o777;
+        ``uid``/``gid`` None keep a replaced file's owner).
+
+        When the put creates the name, the directory's mtime is put back to what it was
+        before the put (or to what was set meanwhile): the core reported the directory
+        changed when the file was created, its commit is not a second change. Its ctime
+        cannot be set, and moves."""
         parent, _, name = path.rpartition("/")
         tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
@@ -300,7 +345,9 @@ class PosixOrigin:
         try:
             try:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+                before = os.fstat(d)
                 dst = os.open(tmp, flags, 0o600, dir_fd=d)
+                made = os.fstat(d).st_mtime_ns  # the directory's mtime after our temporary
                 try:
                     with open(source, "rb") as src:
                         _copy_sparse(src.fileno(), dst)
@@ -309,11 +356,22 @@ class PosixOrigin:
                     os.fsync(dst)
                     fcntl.flock(d, fcntl.LOCK_EX)  # released when d is closed
                     cur = self._check_match(path, if_match)
+                    keep = cur is not None and cur.kind is Kind.FILE
                     if mode is None:
-                        keep = cur is not None and cur.kind is Kind.FILE
                         mode = cur.mode if keep and cur is not None else 0o644
-                    os.fchmod(dst, stat.S_IMODE(mode))
+                    if keep and cur is not None:
+                        uid = cur.uid if uid is None else uid
+                        gid = cur.gid if gid is None else gid
+                    _chown(dst, uid, gid)
+                    os.fchmod(dst, mode & 0o7777)
+                    # the directory's times as they were before our temporary appeared, or as
+                    # set since (a tool setting them, e.g. cp -a): put back after the rename
+                    now = os.fstat(d)
+                    times = before if now.st_mtime_ns == made else now
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+                    if cur is None:
+                        with contextlib.suppress(OSError):
+                            os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
                     st = os.fstat(dst)
                 finally:
                     os.close(dst)
@@ -344,16 +402,20 @@ class PosixOrigin:
         except OriginError:
             return False
 
-    def mkdir(self, path: str, mode: int = 0o755) -> Entry:
+    def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         """Create a directory with exactly ``mode`` (not narrowed by the process umask: the
-        caller's umask was applied by the kernel already). It is created 0700 and then
-        widened through its own descriptor (never through a name that could be swapped)."""
+        caller's umask was applied by the kernel already). It is created 0700, given to its
+        owner and then widened through its own descriptor (never through a name that could
+        be swapped)."""
         try:
             with parent_of(self._fd, path) as (d, name):
                 os.mkdir(name, 0o700, dir_fd=d)
                 fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=d)
                 try:
-                    os.fchmod(fd, stat.S_IMODE(mode))
+                    _chown(fd, uid, gid)
+                    os.fchmod(fd, mode & 0o7777)
                 finally:
                     os.close(fd)
         except OSError as exc:
@@ -402,28 +464,101 @@ class PosixOrigin:
                 exc = OSError(errno.ENOTEMPTY, "directory not empty")
             raise from_oserror(exc, src) from None
 
-    def symlink(self, path: str, target: str) -> Entry:
+    def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
         try:
             with parent_of(self._fd, path) as (d, name):
                 os.symlink(target, name, dir_fd=d)
+                if _ROOT and (uid is not None or gid is not None):
+                    os.chown(
+                        name,
+                        -1 if uid is None else uid,
+                        -1 if gid is None else gid,
+                        dir_fd=d,
+                        follow_symlinks=False,
+                    )
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)
 
-    def set_attrs(self, path: str, mode: int | None = None, mtime_ns: int | None = None) -> Entry:
-        """Set the mode and/or mtime of a file or directory (of a symbolic link: the mtime
-        only; the link itself is never followed)."""
+    def link(self, src: str, dst: str) -> Entry:
+        """A real hard link (see :meth:`Origin.link`); a symbolic link is linked itself."""
+        try:
+            with parent_of(self._fd, src) as (sd, sname), parent_of(self._fd, dst) as (dd, dname):
+                os.link(sname, dname, src_dir_fd=sd, dst_dir_fd=dd, follow_symlinks=False)
+        except OSError as exc:
+            raise from_oserror(exc, dst) from None
+        return self.stat(dst)
+
+    def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        """A real FIFO, socket or device node at the origin, with exactly ``mode``."""
+        bits = _TYPE_OF.get(kind)
+        if bits is None:
+            raise OriginError(f"{path}: cannot mknod a {kind.value}", errno.EINVAL)
+        try:
+            with parent_of(self._fd, path) as (d, name):
+                os.mknod(name, bits | 0o600, rdev, dir_fd=d)
+                fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
+                try:
+                    if _ROOT and (uid is not None or gid is not None):
+                        os.chown(f"/proc/self/fd/{fd}", -1 if uid is None else uid,
+                                 -1 if gid is None else gid)  # fmt: skip
+                    os.chmod(f"/proc/self/fd/{fd}", mode & 0o7777)
+                finally:
+                    os.close(fd)
+        except OSError as exc:
+            raise from_oserror(exc, path) from None
+        return self.stat(path)
+
+    def set_attrs(
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
+    ) -> Entry:
+        """Set the owner, mode and/or times of the object at ``path`` itself (a symbolic link
+        is never followed: its owner and times are its own; it has no mode of its own). The
+        owner is changed before the mode (a chown clears setuid/setgid; the mode asked for
+        is then exactly what stays)."""
         try:
             with parent_of(self._fd, path) as (d, name):
                 st = os.stat(name, dir_fd=d, follow_symlinks=False)
-                if mode is not None and not stat.S_ISLNK(st.st_mode):
+                link = stat.S_ISLNK(st.st_mode)
+                if _ROOT and (uid is not None or gid is not None):
+                    os.chown(
+                        name,
+                        -1 if uid is None else uid,
+                        -1 if gid is None else gid,
+                        dir_fd=d,
+                        follow_symlinks=False,
+                    )
+                if mode is not None and not link:
                     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
                     try:  # chmod through the very inode looked at (O_PATH: no read needed)
-                        os.chmod(f"/proc/self/fd/{fd}", stat.S_IMODE(mode))
+                        os.chmod(f"/proc/self/fd/{fd}", mode & 0o7777)
                     finally:
                         os.close(fd)
-                if mtime_ns is not None:
-                    os.utime(name, ns=(st.st_atime_ns, mtime_ns), dir_fd=d, follow_symlinks=False)
+                if mtime_ns is not None or atime_ns is not None:
+                    times = (
+                        st.st_atime_ns if atime_ns is None else atime_ns,
+                        st.st_mtime_ns if mtime_ns is None else mtime_ns,
+                    )
+                    os.utime(name, ns=times, dir_fd=d, follow_symlinks=False)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)

@@ -49,6 +49,9 @@ class Record:
     mtime_ns: int
     seq: int
     first_pending_ns: int
+    #: owner for the commit (None: the origin's default); absent in records before owners
+    uid: int | None = None
+    gid: int | None = None
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

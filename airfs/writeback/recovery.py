@@ -127,6 +127,8 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
             os.fstat(fd).st_size,
             seq=rec.seq,
             first_pending_ns=rec.first_pending_ns,
+            uid=rec.uid,
+            gid=rec.gid,
         )
         st.journaled_gen = st.gen
         area.adopt(ps, st)

@@ -108,6 +108,12 @@ class Staged:
     replaced_by: Staged | None = None
     #: (path, kept copy) after this version lost a conflict at the origin
     conflict: tuple[str, str] | None = None
+    #: owner given to the origin at commit (None: the origin's default / the replaced one's)
+    uid: int | None = None
+    gid: int | None = None
+    #: access time set by the user (None: the mtime); change time of the inode's status
+    atime_ns: int | None = None
+    ctime_ns: int = field(default_factory=time.time_ns)
 
     @property
     def path(self) -> str | None:
@@ -142,7 +148,7 @@ class Staged:
 
     def touch(self) -> None:
         self.gen += 1
-        self.mtime_ns = time.time_ns()
+        self.mtime_ns = self.ctime_ns = time.time_ns()
 
 
 def _set_xattr(fd: int, name: str, value: bytes) -> None:
@@ -246,7 +252,7 @@ class StagingArea:
         ps = st.ps
         assert ps is not None and ps.path is not None
         new = self._new_file(ps.path)
-        new.mode = st.mode
+        new.mode, new.uid, new.gid, new.atime_ns = st.mode, st.uid, st.gid, st.atime_ns
         st.refs += 1  # not dropped while we copy it (its commit may end meanwhile)
         try:
             if copy and st.size:
@@ -310,7 +316,9 @@ class StagingArea:
         first = time.time_ns() if st.seq is None else st.first_pending_ns
         older = ps.versions[: ps.versions.index(st)]
         drop = [v for v in older if not v.uploading]
-        rec = Record(st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first)
+        rec = Record(
+            st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first, st.uid, st.gid
+        )
         try:
             self.journal.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
         except OSError:
@@ -332,7 +340,15 @@ class StagingArea:
         ps = st.ps
         assert ps is not None and ps.path is not None and st.seq is not None
         return Record(
-            st.id, ps.path, ps.base, st.mode, st.mtime_ns, st.seq, st.first_pending_ns
+            st.id,
+            ps.path,
+            ps.base,
+            st.mode,
+            st.mtime_ns,
+            st.seq,
+            st.first_pending_ns,
+            st.uid,
+            st.gid,
         )
 
     def _rejournal(self, versions: Iterable[Staged]) -> None:
@@ -403,14 +419,31 @@ class StagingArea:
         self.bytes += self._allocated(st) - before
         st.touch()
 
-    def set_attrs(self, st: Staged, *, mode: int | None, mtime_ns: int | None) -> None:
-        """chmod/utime of a staged file: kept through its commit (journaled at once). A mode
-        applies to every version; an mtime to the live one (what was set)."""
+    def set_attrs(
+        self,
+        st: Staged,
+        *,
+        mode: int | None,
+        mtime_ns: int | None,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+    ) -> None:
+        """chmod/chown/utime of a staged file: kept through its commit (journaled at once).
+        A mode or owner applies to every version; times to the live one (what was set)."""
+        now = time.time_ns()
         for v in self.versions(st):
             if mode is not None:
                 v.mode = mode
+            if uid is not None:
+                v.uid = uid
+            if gid is not None:
+                v.gid = gid
+            v.ctime_ns = now
         if mtime_ns is not None:
             st.mtime_ns = mtime_ns
+        if atime_ns is not None:
+            st.atime_ns = atime_ns
         self._rejournal(self.versions(st))
 
     @staticmethod

@@ -200,7 +200,13 @@ class Uploader:
             if_match = (ps.base or "") if caps.conditional_put else None
             try:
                 return await self.origin.put(
-                    path, st.file, if_match, mode=st.mode & 0o7777, mtime_ns=st.mtime_ns
+                    path,
+                    st.file,
+                    if_match,
+                    mode=st.mode & 0o7777,
+                    mtime_ns=st.mtime_ns,
+                    uid=st.uid,
+                    gid=st.gid,
                 )
             except Conflict:
                 entry = await self._stat(path)

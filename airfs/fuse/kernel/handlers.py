@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -49,8 +50,8 @@ class Handlers:
             Op.SETATTR: self._setattr,
             Op.READLINK: self._readlink,
             Op.SYMLINK: self._symlink,
-            Op.MKNOD: self._eperm,
-            Op.LINK: self._eperm,
+            Op.MKNOD: self._mknod,
+            Op.LINK: self._link,
             Op.MKDIR: self._mkdir,
             Op.UNLINK: self._unlink,
             Op.RMDIR: self._rmdir,
@@ -75,8 +76,13 @@ class Handlers:
             Op.BATCH_FORGET: self._batch_forget,
         }
 
+    def _attr_ttl(self, a: Attr) -> float:
+        """A file with several names is not cached by the kernel: a change through another
+        name (an unlink) moves its link count."""
+        return 0.0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
+
     def _entry(self, a: Attr) -> bytes:
-        return proto.entry_out(a, self.ttl, self.ttl)
+        return proto.entry_out(a, self.ttl, self._attr_ttl(a))
 
     # -- handlers (unpack, call the core, pack) ------------------------------------------------
 
@@ -104,24 +110,36 @@ class Handlers:
         return NO_REPLY
 
     async def _getattr(self, req: Request) -> Payload:
-        return proto.attr_out(await self.fs.getattr(req.nodeid), self.ttl)
+        a = await self.fs.getattr(req.nodeid)
+        return proto.attr_out(a, self._attr_ttl(a))
 
     async def _setattr(self, req: Request) -> Payload:
         f = proto.unpack(proto.SETATTR_IN, req.body, "SETATTR")
-        valid, fh, size, mtime, mtimensec, mode = f[0], f[2], f[3], f[6], f[9], f[11]
+        valid, fh, size, atime, mtime, atimensec, mtimensec, mode, uid, gid = (
+            f[0], f[2], f[3], f[5], f[6], f[8], f[9], f[11], f[13], f[14]
+        )  # fmt: skip
+        now = time.time_ns()
         mtime_ns: int | None = None
         if valid & proto.FATTR_MTIME_NOW:
-            mtime_ns = time.time_ns()
+            mtime_ns = now
         elif valid & proto.FATTR_MTIME:
             mtime_ns = mtime * 1_000_000_000 + mtimensec
+        atime_ns: int | None = None
+        if valid & proto.FATTR_ATIME_NOW:
+            atime_ns = now
+        elif valid & proto.FATTR_ATIME:
+            atime_ns = atime * 1_000_000_000 + atimensec
         a = await self.fs.setattr(
             req.nodeid,
             size=size if valid & proto.FATTR_SIZE else None,
             mode=mode if valid & proto.FATTR_MODE else None,
             mtime_ns=mtime_ns,
             fh=fh if valid & proto.FATTR_FH else None,
+            uid=uid if valid & proto.FATTR_UID else None,
+            gid=gid if valid & proto.FATTR_GID else None,
+            atime_ns=atime_ns,
         )
-        return proto.attr_out(a, self.ttl)
+        return proto.attr_out(a, self._attr_ttl(a))
 
     async def _readlink(self, req: Request) -> Payload:
         return os.fsencode(await self.fs.readlink(req.nodeid))
@@ -130,8 +148,15 @@ class Handlers:
         nm, target = proto.names(req.body, 2)
         return self._entry(await self.fs.symlink(req.nodeid, nm, target))
 
-    async def _eperm(self, req: Request) -> Payload:
-        raise OSError(errno.EPERM, "hard links, device nodes, FIFOs and sockets are not supported")
+    async def _mknod(self, req: Request) -> Payload:
+        mode, rdev, _umask, _ = proto.unpack(proto.MKNOD_IN, req.body, "MKNOD")
+        nm = proto.name(req.body, proto.MKNOD_IN.size)
+        return self._entry(await self.fs.mknod(req.nodeid, nm, mode, rdev))
+
+    async def _link(self, req: Request) -> Payload:
+        (old,) = proto.unpack(proto.LINK_IN, req.body, "LINK")
+        nm = proto.name(req.body, proto.LINK_IN.size)
+        return self._entry(await self.fs.link(old, req.nodeid, nm))
 
     async def _mkdir(self, req: Request) -> Payload:
         mode, _umask = proto.unpack(proto.MKDIR_IN, req.body, "MKDIR")

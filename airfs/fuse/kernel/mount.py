@@ -20,6 +20,7 @@ import subprocess
 
 MS_NOSUID = 2
 MS_NODEV = 4
+MS_NOATIME = 1024
 MNT_DETACH = 2
 
 _libc: ctypes.CDLL | None = None
@@ -97,7 +98,7 @@ def _mount_root(mountpoint: str, fsname: str, subtype: str, opts: list[str]) -> 
         fsname.encode(),
         os.fsencode(mountpoint),
         f"fuse.{subtype}".encode(),
-        ctypes.c_ulong(MS_NOSUID | MS_NODEV),
+        ctypes.c_ulong(MS_NOSUID | MS_NODEV | MS_NOATIME),
         data.encode(),
     )
     if res != 0:

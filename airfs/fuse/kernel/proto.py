@@ -184,6 +184,7 @@ WRITE_OUT = struct.Struct("<II")  # size padding
 FSYNC_IN = struct.Struct("<QII")  # fh fsync_flags padding
 MKDIR_IN = struct.Struct("<II")  # mode umask
 MKNOD_IN = struct.Struct("<IIII")  # mode rdev umask padding
+LINK_IN = struct.Struct("<Q")  # oldnodeid
 RENAME_IN = struct.Struct("<Q")  # newdir
 RENAME2_IN = struct.Struct("<QII")  # newdir flags padding
 FORGET_IN = struct.Struct("<Q")  # nlookup
@@ -315,9 +316,11 @@ def _split(seconds: float) -> tuple[int, int]:
 
 
 def _attr_fields(a: Attr) -> tuple[int, ...]:
-    sec, nsec = divmod(a.mtime_ns, 1_000_000_000)
-    return (a.ino, a.size, a.blocks, sec, sec, sec, nsec, nsec, nsec, a.mode, a.nlink, a.uid,
-            a.gid, 0, BLKSIZE, 0)  # fmt: skip
+    asec, ansec = divmod(a.atime_ns, 1_000_000_000)
+    msec, mnsec = divmod(a.mtime_ns, 1_000_000_000)
+    csec, cnsec = divmod(a.ctime_ns, 1_000_000_000)
+    return (a.ino, a.size, a.blocks, asec, msec, csec, ansec, mnsec, cnsec, a.mode, a.nlink,
+            a.uid, a.gid, a.rdev & 0xFFFFFFFF, BLKSIZE, 0)  # fmt: skip
 
 
 def entry_out(a: Attr, entry_ttl: float, attr_ttl: float) -> bytes:

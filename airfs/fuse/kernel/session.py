@@ -29,6 +29,7 @@ from typing import Any
 
 import trio
 
+from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
 
 from . import proto
@@ -213,6 +214,7 @@ class Session(Handlers):
         if handler is None:
             self._reply_error(req.unique, errno.ENOSYS)
             return
+        as_caller(Caller(req.uid, req.gid, req.pid))
         with trio.CancelScope() as scope:
             self._scopes[req.unique] = scope
             try:
