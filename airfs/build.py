@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import trio
 
+from airfs.catalog.service import CatalogService
 from airfs.core.attrs import Owner
 from airfs.core.context import Guard
 from airfs.core.fs import Filesystem
@@ -43,6 +44,8 @@ class Built:
     fs: Filesystem
     recovery: RecoveryReport
     nursery: trio.Nursery
+    #: the governed-volumes catalog of the origin (ungoverned while the origin has none)
+    catalog: CatalogService
 
 
 async def _direct(origin: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
@@ -72,7 +75,11 @@ async def build(
 
     Raises :class:`~airfs.writeback.journal.JournalDamaged` when the journal cannot be
     trusted (see :func:`airfs.writeback.recovery.recover`), and the origin's errors when its
-    root cannot be read. ``upload=False`` (tests) leaves the uploader stopped."""
+    root cannot be read. ``upload=False`` (tests) leaves the uploader stopped.
+
+    ``guard`` None: the origin's catalog governs (:class:`~airfs.catalog.service.CatalogService`;
+    while the origin has none, everything is allowed but its reserved name, and an
+    ``airfs catalog init`` made later takes effect within the TTL, without a remount)."""
     async with contextlib.AsyncExitStack() as stack:
         aorigin = AsyncOrigin(origin, attempts=attempts)
         root = await aorigin.stat("")
@@ -89,6 +96,7 @@ async def build(
         nursery = await stack.enter_async_context(trio.open_nursery())
         stack.callback(nursery.cancel_scope.cancel)
         rp = await readpath(aorigin, nursery)
+        catalog = CatalogService(origin, ttl, via=aorigin, tmp_dir=cache_dir)
 
         async def close_readpath() -> None:
             with trio.CancelScope(shield=True):
@@ -104,11 +112,11 @@ async def build(
             owner=owner or Owner(os.getuid(), os.getgid()),
             write_wait_s=write_wait,
             allow_devices=allow_devices,
-            guard=guard,
+            guard=catalog.guard if guard is None else guard,
         )
         uploader = Uploader(
             area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency
         )
         if upload:
             await nursery.start(uploader.run)
-        yield Built(aorigin, root, rp, area, uploader, fs, report, nursery)
+        yield Built(aorigin, root, rp, area, uploader, fs, report, nursery, catalog)

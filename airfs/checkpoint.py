@@ -24,7 +24,9 @@ through the mount as through any directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import logging
 import os
 import re
@@ -37,6 +39,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner, SavePlan
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
+from .catalog.explain import explain
 from .control import client
 
 __all__ = ["METADATA", "VolumeReader", "VolumeWriter", "is_complete", "latest_checkpoint"]
@@ -112,7 +115,10 @@ class VolumeWriter(FileSystemWriter):
             self.sync_files = self._mountpoint is None
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        os.makedirs(self.path, exist_ok=True)
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except PermissionError as exc:  # a governed volume says which privilege is missing
+            raise explain(exc, os.fspath(self.path), "write") from exc
         if not self.overwrite and is_complete(self.path):
             raise FileExistsError(
                 f"{self.path} already holds a complete checkpoint; save into a fresh "
@@ -145,7 +151,12 @@ class VolumeWriter(FileSystemWriter):
     def _commit(self) -> None:
         path = os.fspath(self.path)
         if self._mountpoint is not None:
-            client.flush(self._mountpoint, path)
+            try:
+                client.flush(self._mountpoint, path)
+            except client.ControlError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    raise PermissionError(exc.errno, str(exc), path) from exc
+                raise
         else:
             _fsync_dir(path)
 
@@ -162,12 +173,17 @@ class VolumeReader(FileSystemReader):
         self.prefetch_threads = prefetch_threads
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        if kwargs.get("rank") is None and not is_complete(self.path):
-            raise FileNotFoundError(
-                f"{self.path} holds no complete checkpoint (no {METADATA}); "
-                "latest_checkpoint(parent) finds the newest complete one"
-            )
-        return super().read_metadata(*args, **kwargs)
+        try:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                os.stat(os.path.join(os.fspath(self.path), METADATA))  # EACCES is not "absent"
+            if kwargs.get("rank") is None and not is_complete(self.path):
+                raise FileNotFoundError(
+                    f"{self.path} holds no complete checkpoint (no {METADATA}); "
+                    "latest_checkpoint(parent) finds the newest complete one"
+                )
+            return super().read_metadata(*args, **kwargs)
+        except PermissionError as exc:  # a governed volume says which privilege is missing
+            raise explain(exc, os.fspath(self.path), "read") from exc
 
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any

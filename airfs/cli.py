@@ -1,4 +1,4 @@
-"""``airfs``: mount, umount, status, warm, flush.
+"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
 writes still pending (they stay in the journal and commit at the next mount).
@@ -19,6 +19,7 @@ import sys
 import time
 from typing import Any, NoReturn
 
+from airfs.catalog.cli import register as register_catalog
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
 from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
@@ -473,6 +474,13 @@ def cmd_status(args: argparse.Namespace) -> int:
                 f"{'on' if fuse.get('passthrough') else 'off'}; {' '.join(fuse['flags'])}"
             )
         print(f"fuse         {fuse.get('transport')}{extra}")
+    gov = st.get("catalog") or {}
+    if gov.get("catalog", {}).get("governed"):
+        print(
+            f"catalog      governed (serial {gov['catalog']['serial']}); denied "
+            f"{gov['denied']} of {gov['checks']} checks"
+            + "".join(f", {k} {v}" for k, v in sorted(gov["denied_by_privilege"].items()))
+        )
     return 0
 
 
@@ -731,6 +739,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS")
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
+    register_catalog(sub)
     return p
 
 

@@ -27,11 +27,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from airfs.build import build
+from airfs.catalog.model import RESERVED
+from airfs.catalog.service import CatalogService
 from airfs.control.auth import Caller, MountOwner
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.scope import ScopedOrigin
 from airfs.control.server import ControlServer, Progress
 from airfs.core.attrs import Owner
+from airfs.core.context import Caller as CoreCaller
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse import DEFAULT_TRANSPORT
@@ -294,6 +297,7 @@ class Daemon:
         self.prefetcher: BackgroundPrefetch
         self.read_ahead = False
         self.transport: Transport | None = None
+        self.catalog_service: CatalogService
         #: who owns every object as the mount reports it (see Filesystem's ``owner``)
         self.owner = MountOwner(os.getuid(), os.getgid())
 
@@ -314,17 +318,28 @@ class Daemon:
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
             "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics() if self.transport is not None else None,
+            "catalog": self.catalog_service.statistics(),
         }
+
+    async def catalog(self, caller: Caller, command: str, args: dict[str, Any]) -> Any:
+        """A catalog command from the control socket, run with the caller's identity."""
+        return await self.catalog_service.command(_core(caller), command, args)
+
+    async def govern(self, caller: Caller, op: str, path: str) -> None:
+        """The catalog's check of a control request (``warm``, ``prefetch``, ``flush``)."""
+        await self.catalog_service.check_control(_core(caller), op, path)
 
     def _privileged(self, caller: Caller) -> bool:
         return caller.uid in (0, os.geteuid())
 
-    async def lookup(self, path: str) -> tuple[Kind, int] | None:
-        """Kind and mode of ``path`` as the mount shows it (None: no such object); the
-        control socket authorises requests with it."""
+    async def lookup(self, path: str) -> tuple[Kind, int, int, int] | None:
+        """Kind, mode and owner (uid, gid) of ``path`` as the mount shows it (None: no such
+        object); the control socket authorises requests with it."""
         st = self.area.get(path) if path else None
         if st is not None:
-            return Kind.FILE, st.mode
+            uid = self.owner.uid if st.uid is None else st.uid
+            gid = self.owner.gid if st.gid is None else st.gid
+            return Kind.FILE, st.mode, uid, gid
         try:
             entry, _at = await self.fs.origin_entry(path)
         except OriginError as exc:
@@ -333,7 +348,11 @@ class Daemon:
             if not exc.transient or known is None:
                 raise
             entry = known  # origin down: what the mount shows is what it knows
-        return None if entry is None else (entry.kind, entry.mode)
+        if entry is None:
+            return None
+        uid = self.owner.uid if entry.uid is None else entry.uid
+        gid = self.owner.gid if entry.gid is None else entry.gid
+        return entry.kind, entry.mode, uid, gid
 
     def _mode_of(self, path: str, entry: Entry) -> int:
         st = self.area.get(path) if entry.kind is Kind.FILE else None
@@ -342,14 +361,21 @@ class Daemon:
     async def warm(
         self, paths: list[str], jobs: int, progress: Progress, caller: Caller
     ) -> dict[str, Any]:
-        """Warm ``paths`` (already authorised); below them only what ``caller`` may read."""
+        """Warm ``paths`` (already authorised); below them only what ``caller`` may read.
+        The catalog's own files (:data:`~airfs.catalog.model.RESERVED`) are never warmed."""
         if caller.uid == 0:
+            if "" in paths:
+                top = await self.origin.list("")
+                paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
             return await warm(
                 self.origin, self.readpath, paths, jobs, progress, on_listing=self.fs.listings.put
             )
         view = ScopedOrigin(
             self.origin, caller, self.owner, self._mode_of, on_listing=self.fs.listings.put
         )
+        if "" in paths:  # what the caller may reach at the top, through the same filter
+            top = await view.list("")
+            paths = [p for p in paths if p] + [e.name for e in top if e.name != RESERVED]
         out = await warm(view.as_origin(), self.readpath, paths, jobs, progress)
         return {**out, "skipped": view.skipped}
 
@@ -439,6 +465,7 @@ class Daemon:
             ) as built:
                 self.origin, self.readpath, self.area = built.origin, built.readpath, built.area
                 self.fs, self.uploader = built.fs, built.uploader
+                self.catalog_service = built.catalog
                 if built.recovery.replayed:
                     log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
                 code = await self._serve(ready, built.root)
@@ -589,6 +616,10 @@ class Daemon:
                 await trio.to_thread.run_sync(self.area.journal.sync)
             except OSError as exc:
                 log.error("journal sync failed: %s", exc)
+
+
+def _core(caller: Caller) -> CoreCaller:
+    return CoreCaller(caller.uid, caller.gid, caller.pid, caller.groups)
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

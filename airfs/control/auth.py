@@ -133,8 +133,9 @@ def normalize(path: Any) -> str:
 
 
 #: what the daemon says about a mount-relative path: (kind, permission bits) as the mount
-#: shows it, or None when it does not exist
-Lookup = Callable[[str], Awaitable[tuple[Kind, int] | None]]
+#: shows it, with its owner's uid and gid where the mount reports one per object (else the
+#: mount's owner applies), or None when it does not exist
+Lookup = Callable[[str], Awaitable[tuple[Kind, int] | tuple[Kind, int, int, int] | None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,20 +162,21 @@ async def check_path(
         found = await lookup(cur)
         if found is None:
             raise FileNotFoundError(errno.ENOENT, f"{cur or '/'}: no such file or directory")
-        kind, mode = found
+        kind, mode = found[0], found[1]
+        ouid, ogid = (found[2], found[3]) if len(found) == 4 else (owner.uid, owner.gid)
         last = i == len(parts)
         if kind is Kind.SYMLINK:
             raise Denied(errno.EACCES, f"{cur}: a symbolic link inside a request path")
         if not last:
             if kind is not Kind.DIR:
                 raise FileNotFoundError(errno.ENOTDIR, f"{cur}: not a directory")
-            if not may(caller, mode, owner.uid, owner.gid, X, True):
+            if not may(caller, mode, ouid, ogid, X, True):
                 raise Denied(errno.EACCES, f"{path}: permission denied")
             cur = f"{cur}/{parts[i]}" if cur else parts[i]
             continue
         is_dir = kind is Kind.DIR
         need = want | (X if is_dir else 0)
-        if not may(caller, mode, owner.uid, owner.gid, need, is_dir):
+        if not may(caller, mode, ouid, ogid, need, is_dir):
             raise Denied(errno.EACCES, f"{path or '/'}: permission denied")
         return kind, mode
     raise AssertionError("unreachable")

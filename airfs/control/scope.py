@@ -51,7 +51,9 @@ class ScopedOrigin:
         else:
             return False  # symbolic links are never followed by warm
         mode = self.mode_of(path, entry)
-        return may(self.caller, mode, self.owner.uid, self.owner.gid, want, is_dir)
+        uid = self.owner.uid if entry.uid is None else entry.uid
+        gid = self.owner.gid if entry.gid is None else entry.gid
+        return may(self.caller, mode, uid, gid, want, is_dir)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.origin, name)

@@ -62,9 +62,13 @@ class Controlled(Protocol):
 
     async def unmount(self, progress: Progress) -> dict[str, Any]: ...
 
+    # governed volumes (optional: a target without them has no catalog)
+    # async def catalog(self, caller: Caller, command: str, args: dict[str, Any]) -> Any
+    # async def govern(self, caller: Caller, op: str, path: str) -> None  (raises OSError)
+
 
 _MAX_LINE = 8 << 20
-_OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount"})
+_OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount", "catalog"})
 
 
 class ControlServer:
@@ -220,14 +224,23 @@ class ControlServer:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.send_all(encode(reply))
 
-    async def _checked(self, caller: Caller, raw: Any, want: int) -> str:
+    async def _checked(self, caller: Caller, raw: Any, want: int, op: str) -> str:
         """``raw`` normalised, and authorised for ``want`` unless the caller is root (root
         may read and write anything: nothing is looked up, so that a flush or a warm never
-        waits for the origin, or fails while it is down, before it starts)."""
+        waits for the origin, or fails while it is down, before it starts); then, on a
+        governed mount, the catalog's grants for ``op`` (for root too, unless an admin)."""
         path = normalize(raw)
         if caller.uid != 0:
             lookup: Lookup = self.target.lookup
             await check_path(caller, path, want, self.target.owner, lookup)
+        govern = getattr(self.target, "govern", None)
+        if govern is not None:
+            try:
+                await govern(caller, op, path)
+            except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    raise FileNotFoundError(exc.errno, exc.strerror) from None
+                raise Denied(exc.errno or errno.EACCES, exc.strerror or str(exc)) from None
         return path
 
     async def _dispatch(self, req: dict[str, Any], caller: Caller, progress: Progress) -> Any:
@@ -239,22 +252,20 @@ class ControlServer:
             return out if self.privileged(caller) else redact(out)
 
         async def warm() -> Any:
-            paths = [await self._checked(caller, p, R) for p in _list(req["paths"])]
+            paths = [await self._checked(caller, p, R, "warm") for p in _list(req["paths"])]
             return await t.warm(paths, int(req.get("jobs", 128)), progress, caller)
 
         async def prefetch() -> Any:
             # hints: a path gone meanwhile is skipped; one the caller may not read refuses all
-            if caller.uid == 0:
-                paths = [normalize(p) for p in _list(req["paths"])]
-            else:
-                paths = []
-                for p in _list(req["paths"]):
-                    with contextlib.suppress(FileNotFoundError):
-                        paths.append(await self._checked(caller, p, R))
+            # (root's are not looked up: see _checked)
+            paths = []
+            for p in _list(req["paths"]):
+                with contextlib.suppress(FileNotFoundError):
+                    paths.append(await self._checked(caller, p, R, "prefetch"))
             return t.prefetch(paths)
 
         async def flush() -> Any:
-            path = await self._checked(caller, req.get("path", ""), W)
+            path = await self._checked(caller, req.get("path", ""), W, "flush")
             return await t.flush(path, progress, caller)
 
         async def unmount() -> Any:
@@ -265,7 +276,15 @@ class ControlServer:
                 )
             return await t.unmount(progress)
 
+        async def catalog() -> Any:
+            run = getattr(t, "catalog", None)
+            if run is None:
+                raise OSError(errno.EOPNOTSUPP, "this mount has no catalog support")
+            args = req.get("args", {})
+            return await run(caller, str(req["command"]), args)
+
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
+            "catalog": catalog,
             "status": status,
             "warm": warm,
             "prefetch": prefetch,

@@ -299,7 +299,13 @@ class Filesystem:
             return node.entry
         path = self._path(node)
         try:
-            entry, t0 = await self.origin_entry(path)
+            if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
+                # several names: a listing's entry for this one is stale after a change
+                # through another (a link count, a chmod)
+                t0 = time.monotonic()
+                entry = await self._stat(path, fast=True)
+            else:
+                entry, t0 = await self.origin_entry(path)
         except OriginError as exc:
             if not exc.transient or node.entry is None:
                 raise
@@ -398,6 +404,8 @@ class Filesystem:
     @counted
     async def getattr(self, ino: int) -> Attr:
         node = self.inodes.get(ino)
+        if node.path is not None:
+            await self._check("getattr", node.path)
         if node.path is not None and self.area.get(node.path) is not None:
             return self._attr(node)
         if node.path is None:
@@ -783,9 +791,10 @@ class Filesystem:
             raise _err(errno.EEXIST, f"{dst}: exists")
         st = self.area.get(src)
         if st is not None:
-            # what is closed is committed and linked; bytes still being written commit to
-            # ``src`` alone later (a commit writes a new file: the names then part)
-            if st.dirty and st.writers == 0:
+            # what is written so far is committed and linked, as by fsync (object_store links
+            # its temporary file while it is still open); bytes written after the link commit
+            # to ``src`` alone later (a commit writes a new file: the names then part)
+            if st.dirty:
                 self.area.journal_closed(st)
             await self.commit_now(st)
         held = self.area.hold(src, dst)
@@ -903,7 +912,10 @@ class Filesystem:
         async with node.lock:
             if writable:
                 live = await self._stage(node, truncate=trunc)
-                st: Staged | None = await self.area.open_write(live, truncate=trunc)
+                wst = await self.area.open_write(live, truncate=trunc)
+                if trunc:
+                    wst.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
+                st: Staged | None = wst
             else:
                 st = self.area.get(self._path(node))
             if st is not None:
@@ -969,6 +981,8 @@ class Filesystem:
             base = existing.base_version if existing is not None else None
             st = self.area.create(path, base_version=base, mode=mode)
             st.uid, st.gid = uid, gid
+            if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
+                node.entry, node.fetched = await self._claim(st, path), time.monotonic()
             self._dir_changed(path)
             if writable:
                 st = await self.area.open_write(st, truncate=False)
@@ -980,6 +994,27 @@ class Filesystem:
         node.opens += 1
         self.handles[handle.fh] = handle
         return handle.fh, self._staged_attr(node, st)
+
+    async def _claim(self, st: Staged, path: str) -> Entry:
+        """``O_EXCL`` across nodes: the name is taken at the origin now, empty and
+        create-if-absent (EEXIST when another node or tool has it), so that two nodes never
+        both believe they created it (lock files, ``mkstemp``, object_store's temporary
+        files). The file's content commits over this empty version like any rewrite."""
+        try:
+            entry = await self.origin.put(
+                path, st.file, "", mode=st.mode, mtime_ns=st.mtime_ns, uid=st.uid, gid=st.gid
+            )
+        except Conflict:
+            self.area.discard(st)
+            raise _err(errno.EEXIST, f"{path}: exists") from None
+        except BaseException:
+            self.area.discard(st)
+            raise
+        assert st.ps is not None
+        st.ps.base = entry.version
+        st.committed_gen = st.gen  # what is at the origin: nothing to commit until written
+        self.listings.record(path, entry)
+        return entry
 
     def _handle(self, fh: int) -> Handle:
         h = self.handles.get(fh)

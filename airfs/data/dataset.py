@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from ..catalog.explain import explain
 from ..control import client
 from . import sharding
 from .localcache import LocalCache, _warn_once
@@ -156,7 +157,10 @@ class VolumeDataset(IterableDataset[str]):
         self.mount_prefetch = mount_prefetch
         self._rank = rank
         self._world_size = world_size
-        self._entries = _list_files(self.root, pattern, filter, include_hidden)
+        try:
+            self._entries = _list_files(self.root, pattern, filter, include_hidden)
+        except PermissionError as exc:  # a governed volume says which privilege is missing
+            raise explain(exc, exc.filename or self.root, "read") from exc
         self._fingerprint = zlib.crc32("\0".join(e[0] for e in self._entries).encode())
         self._namespace = hashlib.sha256(os.path.realpath(self.root).encode()).hexdigest()[:16]
         # Shared with DataLoader workers (fork or spawn), so that set_epoch / load_state_dict

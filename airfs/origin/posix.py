@@ -330,10 +330,10 @@ class PosixOrigin:
         another mode (``mode`` None keeps a plain file's mode, never a symbolic link's 0o777;
         ``uid``/``gid`` None keep a replaced file's owner).
 
-        When the put creates the name, the directory's mtime is put back to what it was
-        before the put (or to what was set meanwhile): the core reported the directory
-        changed when the file was created, its commit is not a second change. Its ctime
-        cannot be set, and moves."""
+        The directory's mtime is put back to what it was before the put (or to what was set
+        meanwhile): the core reported the directory changed when the file was created, its
+        commit is not a second change (nor is the replacement of a file by a new version).
+        Its ctime cannot be set, and moves."""
         parent, _, name = path.rpartition("/")
         tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
         try:
@@ -369,9 +369,8 @@ class PosixOrigin:
                     now = os.fstat(d)
                     times = before if now.st_mtime_ns == made else now
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-                    if cur is None:
-                        with contextlib.suppress(OSError):
-                            os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
+                    with contextlib.suppress(OSError):
+                        os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
                     st = os.fstat(dst)
                 finally:
                     os.close(dst)

@@ -40,21 +40,15 @@ SUCCESS = "_SUCCESS"
 TEMPORARY = "_temporary"
 MANIFEST_FORMAT = "airfs-export-1"
 
-# Hard links through an airfs mount are not supported yet, and deltalake commits to a local
-# directory with a hard link unless told otherwise. This is the one place that says so: remove
-# it (make the function return {}) once the mount supports link(2).
-_UNSAFE_RENAME = {"allow_unsafe_rename": "true"}
-
-
 def delta_write_options(path: str | os.PathLike[str]) -> dict[str, str]:
     """``storage_options`` for ``deltalake.write_deltalake`` (and other deltalake writes) of the
-    table at ``path``: on an airfs mount, commits by rename instead of a hard link (safe there
-    because the mount replaces a file atomically, and one node commits a table at a time); an
-    empty dict anywhere else."""
-    p = os.path.abspath(os.fspath(path))
-    while not os.path.exists(p) and os.path.dirname(p) != p:
-        p = os.path.dirname(p)
-    return dict(_UNSAFE_RENAME) if client.find_mount(p) is not None else {}
+    table at ``path``: none are needed any more, on a mount or elsewhere (an empty dict; kept so
+    that code written for earlier versions keeps running). deltalake commits each version with
+    ``link(tmp, NNN.json)``, which the mount does as a real hard link on a POSIX origin and as
+    an atomic create-if-absent copy on S3: two writers racing for a version on any nodes get
+    one winner and one EEXIST (then a retry at the next version), never a lost commit."""
+    del path
+    return {}
 
 
 class TableError(ValueError):

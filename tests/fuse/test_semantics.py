@@ -7,6 +7,7 @@ import errno
 import hashlib
 import multiprocessing
 import os
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -89,8 +90,12 @@ def test_errors_have_the_right_errno(volume: Volume) -> None:
         (lambda: os.open(r / ("n" * 256), os.O_CREAT | os.O_WRONLY), errno.ENAMETOOLONG),
         (lambda: os.unlink(r / "missing"), errno.ENOENT),
         (lambda: os.rmdir(r / "file"), errno.ENOTDIR),
-        (lambda: os.link(r / "file", r / "hard"), errno.EPERM),
+        (lambda: os.link(r / "d", r / "hard"), errno.EPERM),
+        (lambda: os.link(r / "file", r / "d"), errno.EEXIST),
+        (lambda: os.mknod(r / "dev", stat.S_IFCHR | 0o600, os.makedev(1, 3)), errno.EPERM),
     ]
+    if volume.spec.kind == "s3":  # no special files in a bucket
+        cases.append((lambda: os.mkfifo(r / "fifo"), errno.EOPNOTSUPP))
     for fn, code in cases:
         with pytest.raises(OSError) as info:
             fn()

@@ -4,6 +4,7 @@ nothing (the loser's bytes are kept in CACHE_DIR/conflicts/ and reported)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -192,3 +193,87 @@ def test_concurrent_overwrites_lose_nothing(nodes: Nodes) -> None:
     # both nodes converge on the origin's content
     for m in (a, b):
         wait_until(lambda m=m: (m.mountpoint / "c.txt").read_bytes() == at_origin, TTL + 2.0)
+
+
+def _race_link(pairs: list[tuple[str, Path, Path]]) -> dict[str, OSError | None]:
+    """``os.link(tmp, final)`` for each ``(who, tmp, final)`` at the same moment."""
+    results: dict[str, OSError | None] = {}
+    barrier = threading.Barrier(len(pairs))
+
+    def go(who: str, tmp: Path, final: Path) -> None:
+        barrier.wait()
+        try:
+            os.link(tmp, final)
+            results[who] = None
+        except OSError as exc:
+            results[who] = exc
+
+    threads = [threading.Thread(target=go, args=p) for p in pairs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return results
+
+
+def test_link_race_between_nodes_has_one_winner(nodes: Nodes) -> None:
+    """``link(tmp, name)`` from both nodes at once (create-if-absent committers): exactly one
+    wins, the other gets EEXIST, and the name holds the winner's bytes on both nodes."""
+    a, b = nodes.a.mountpoint, nodes.b.mountpoint
+    for rnd in range(5):
+        (a / f"tmp-a{rnd}").write_bytes(b"from a")
+        (b / f"tmp-b{rnd}").write_bytes(b"from b")
+        final = f"final{rnd}"
+        results = _race_link(
+            [("a", a / f"tmp-a{rnd}", a / final), ("b", b / f"tmp-b{rnd}", b / final)]
+        )
+        winners = [w for w, r in results.items() if r is None]
+        assert len(winners) == 1, results
+        assert [r.errno for r in results.values() if r is not None] == [errno.EEXIST], results
+        want = f"from {winners[0]}".encode()
+        assert (a / final).read_bytes() == want
+        wait_until(lambda f=b / final: f.exists(), 10)  # type: ignore[misc]
+        assert (b / final).read_bytes() == want
+
+
+def test_deltalake_appends_from_two_nodes_lose_nothing(nodes: Nodes) -> None:
+    """delta-rs commits each table version with ``link(tmp, NNN.json)``: two nodes appending at
+    once never write the same version twice (one gets EEXIST and retries at the next), and no
+    ``allow_unsafe_rename`` is needed."""
+    deltalake = pytest.importorskip("deltalake")
+    pa = pytest.importorskip("pyarrow")
+    path_a = nodes.a.mountpoint / "table"
+    deltalake.write_deltalake(str(path_a), pa.table({"who": ["init"], "i": [0]}))
+    nodes.a.flush()
+    wait_until(lambda: (nodes.b.mountpoint / "table" / "_delta_log").exists(), 10)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    def append(who: str, mnt: Path) -> None:
+        barrier.wait()
+        try:
+            for i in range(4):
+                deltalake.write_deltalake(
+                    str(mnt / "table"), pa.table({"who": [who], "i": [i]}), mode="append"
+                )
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [
+        threading.Thread(target=append, args=("a", nodes.a.mountpoint)),
+        threading.Thread(target=append, args=("b", nodes.b.mountpoint)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    nodes.a.flush()
+    nodes.b.flush()
+    time.sleep(TTL * 2)
+    for mnt in (nodes.a.mountpoint, nodes.b.mountpoint):
+        dt = deltalake.DeltaTable(str(mnt / "table"))
+        rows = sorted(zip(*dt.to_pyarrow_table().to_pydict().values(), strict=True))
+        want = sorted([("init", 0)] + [(w, i) for w in "ab" for i in range(4)])
+        assert rows == want
+        assert dt.version() == 8

@@ -154,10 +154,9 @@ def test_delta_column_mapping_is_refused(table_dir: Path):
         resolve(path)
 
 
-def test_delta_write_options_only_on_a_mount(tmp_path: Path, table_dir: Path):
-    """The rename-commit option is asked for on a mount only (its directories need not exist)."""
-    opts = delta_write_options(table_dir / "new" / "table")
-    assert opts == ({"allow_unsafe_rename": "true"} if _is_mount(table_dir) else {})
+def test_delta_write_options_are_no_longer_needed(tmp_path: Path, table_dir: Path):
+    """deltalake commits through the mount with its own hard-link commits (no unsafe rename)."""
+    assert delta_write_options(table_dir / "new" / "table") == {}
     assert delta_write_options(tmp_path / "plain") == {}
 
 

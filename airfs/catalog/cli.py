@@ -1,0 +1,289 @@
+"""``airfs catalog [--mount MOUNTPOINT | --origin URL] COMMAND ...``: the argparse wiring.
+
+With ``--mount`` (default ``/Volumes``) the command goes to the mount's daemon through its
+control socket and is applied with the caller's identity (its peer credentials); with
+``--origin`` it edits the catalog at the origin directly (set-up before the first mount; root
+only). Exit codes: 0; 1 refused or failed (one line on stderr); 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import json
+import os
+import pwd
+import sys
+from typing import Any
+
+from .commands import TYPES
+from .model import CatalogError, Privilege, check_location, parse_privilege, who
+
+DEFAULT_MOUNT = "/Volumes"
+_PRIVS = ", ".join(f"'{p.value}'" for p in Privilege)
+
+
+def _fail(msg: str, code: int = 1) -> int:
+    print(f"airfs catalog: {msg}", file=sys.stderr)
+    return code
+
+
+def _privilege(text: str) -> str:
+    try:
+        return parse_privilege(text).value
+    except CatalogError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _securable(text: str) -> str:
+    if text.lower() not in TYPES:
+        raise argparse.ArgumentTypeError(f"{text!r}: CATALOG, SCHEMA or VOLUME")
+    return text.lower()
+
+
+def _word(word: str) -> Any:
+    def check(text: str) -> str:
+        if text.upper() != word:
+            raise argparse.ArgumentTypeError(f"expected {word}, got {text!r}")
+        return word
+
+    check.__name__ = word
+    return check
+
+
+def _location(text: str) -> str:
+    try:
+        return check_location(text)
+    except CatalogError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The command name and its arguments, as the store and the daemon take them."""
+    c = args.catalog_cmd
+    if c == "init":
+        return c, {"admins": args.admin or [], "root_admin": args.root_admin}
+    if c in ("grant", "revoke"):
+        keys = ("privilege", "type", "name", "principal")
+        return c, {k: getattr(args, k) for k in keys}
+    if c == "set-owner":
+        return c, {"type": args.type, "name": args.name, "principal": args.principal}
+    if c.startswith("rename-"):
+        return c, {"name": args.name, "new_name": args.new_name}
+    if c == "map-principal":
+        return c, {"local": args.local, "principal": args.principal}
+    out: dict[str, Any] = {"name": args.name or ""}
+    for k in ("owner", "location", "principal", "comment"):
+        if getattr(args, k, None):
+            out[k] = getattr(args, k)
+    return c, out
+
+
+def _via_origin(args: argparse.Namespace, command: str, cargs: dict[str, Any]) -> Any:
+    if os.geteuid() != 0:
+        raise CatalogError(
+            "only root edits the catalog at the origin directly; use --mount (the daemon "
+            "applies the command with your identity)"
+        )
+    from airfs.origin.base import OriginError
+
+    from .store import CatalogStore
+
+    try:
+        origin = _open_origin(args)
+    except OriginError as exc:
+        raise CatalogError(f"origin {args.origin}: {exc.strerror or exc}") from None
+    try:
+        store = CatalogStore(origin)
+        meta, _ = store.load()
+        user = pwd.getpwuid(os.getuid()).pw_name
+        groups = [grp.getgrgid(g).gr_name for g in {os.getgid(), *os.getgroups()}]
+        return store.run(who(meta, user, groups, is_root=True), command, cargs)
+    except OriginError as exc:
+        raise CatalogError(f"origin {origin.url}: {exc.strerror or exc}") from None
+    finally:
+        origin.close()
+
+
+def _open_origin(args: argparse.Namespace) -> Any:
+    spec: str = args.origin
+    if spec.startswith("s3://"):
+        from airfs.origin.s3 import S3Origin
+
+        return S3Origin.from_url(
+            spec, endpoint=args.s3_endpoint, region=args.s3_region, path_style=args.s3_path_style
+        )
+    if "://" in spec and not spec.startswith("file://"):
+        raise CatalogError(f"unsupported origin {spec!r} (a directory or s3://bucket/prefix)")
+    from airfs.origin.posix import PosixOrigin
+
+    path = spec.removeprefix("file://")
+    if not os.path.isdir(path):
+        raise CatalogError(f"origin {path} is not a directory")
+    return PosixOrigin(path)
+
+
+def _via_mount(args: argparse.Namespace, command: str, cargs: dict[str, Any]) -> Any:
+    from airfs.control import client
+
+    mp = client.find_mount(args.mount)
+    if mp is None:
+        raise CatalogError(f"{args.mount} is not an airfs mount")
+    try:
+        return client.request(mp, "catalog", command=command, args=cargs, timeout=120)
+    except client.ControlError as exc:
+        raise CatalogError(str(exc)) from None
+    except TimeoutError as exc:
+        raise CatalogError(str(exc)) from None
+
+
+def _show(command: str, out: Any) -> None:
+    if command == "list":
+        for item in out:
+            loc = f"  {item['location']}" if "location" in item else ""
+            print(f"{item['type']:<8} {item['name']}  owner {item['owner']}{loc}")
+    elif command == "show-grants":
+        for g in out:
+            frm = "  (inherited)" if g["inherited_from"] else ""
+            print(f"{g['principal']}  {g['privilege']}  on {g['object']}{frm}")
+    else:
+        print(" ".join(f"{k} {v}" for k, v in out.items() if v is not None))
+
+
+def run(args: argparse.Namespace) -> int:
+    command, cargs = _request(args)
+    try:
+        out = _via_origin(args, command, cargs) if args.origin else _via_mount(args, command, cargs)
+    except CatalogError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(exc.strerror or str(exc))
+    if args.json:
+        print(json.dumps(out, indent=1, sort_keys=True))
+    else:
+        _show(command, out)
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add ``catalog`` to the ``airfs`` subcommands ``sub``."""
+    c = sub.add_parser(
+        "catalog",
+        help="governed volumes: catalogs, schemas, volumes and grants",
+        description="Manage the catalog of governed volumes (/Volumes/CATALOG/SCHEMA/VOLUME) "
+        "with Unity Catalog's privileges. Through a mount (its daemon applies the command "
+        "with your identity) or, as root, directly at an origin before the first mount. "
+        "Exit 0; 1 refused or failed (one line); 2 bad usage.",
+    )
+    where = c.add_mutually_exclusive_group()
+    where.add_argument(
+        "--mount",
+        default=DEFAULT_MOUNT,
+        metavar="MOUNTPOINT",
+        help=f"an airfs mount (default {DEFAULT_MOUNT})",
+    )
+    where.add_argument(
+        "--origin", metavar="DIR|s3://BUCKET[/PREFIX]", help="edit the origin's catalog directly"
+    )
+    c.add_argument("--json", action="store_true", help="machine-readable output")
+    c.add_argument("--s3-endpoint", metavar="URL", help="with --origin s3://...: the endpoint")
+    c.add_argument("--s3-region", metavar="REGION")
+    c.add_argument("--s3-path-style", action="store_true", default=None)
+    c.set_defaults(func=run)
+    cs = c.add_subparsers(dest="catalog_cmd", required=True, metavar="COMMAND")
+
+    p = cs.add_parser(
+        "init",
+        help="create the catalog at the origin",
+        description="Create an empty catalog: from now on the mount is governed. Root only.",
+    )
+    p.add_argument(
+        "--admin", action="append", metavar="PRINCIPAL", help="a catalog admin (repeatable)"
+    )
+    p.add_argument(
+        "--no-root-admin",
+        dest="root_admin",
+        action="store_false",
+        help="root on the nodes is not an admin (default: it is)",
+    )
+
+    for depth, kind, form in ((1, "catalog", "NAME"), (2, "schema", "CAT.SCH"),
+                              (3, "volume", "CAT.SCH.VOL")):  # fmt: skip
+        p = cs.add_parser(
+            f"create-{kind}", help=f"create a {kind}", description=f"Create {kind} {form}; "
+            "you become its owner."
+        )  # fmt: skip
+        p.add_argument("name", metavar=form)
+        p.add_argument("--owner", metavar="PRINCIPAL", help="owner (default: you)")
+        if depth == 1:
+            p.add_argument("--comment", default="")
+        if depth == 3:
+            p.add_argument(
+                "--location",
+                type=_location,
+                metavar="URL",
+                help="external volume: s3://BUCKET/PREFIX or a directory (stored; not "
+                "served by mounts yet). Default: the origin prefix CAT/SCH/VOL",
+            )
+        p = cs.add_parser(
+            f"drop-{kind}",
+            help=f"drop an empty {kind}" if depth < 3 else "drop a volume",
+            description=f"Remove {kind} {form} from the catalog (needs MANAGE or ownership)."
+            + (" Its files stay at the origin, hidden from all but admins." if depth == 3 else
+               " It must be empty."),
+        )  # fmt: skip
+        p.add_argument("name", metavar=form)
+        p = cs.add_parser(
+            f"rename-{kind}",
+            help=f"rename a {kind}",
+            description=f"Rename {kind} {form} to NEW_NAME (same parent); its directory at "
+            "the origin moves too. Needs MANAGE or ownership"
+            + (", and CREATE SCHEMA on the catalog." if depth == 2 else
+               ", and CREATE VOLUME on the schema." if depth == 3 else "; admins only."),
+        )  # fmt: skip
+        p.add_argument("name", metavar=form)
+        p.add_argument("new_name", metavar="NEW_NAME")
+
+    p = cs.add_parser(
+        "list", help="list catalogs, schemas or volumes", description="What you may see."
+    )
+    p.add_argument("name", nargs="?", metavar="CAT[.SCH]")
+
+    for verb, prep in (("grant", "TO"), ("revoke", "FROM")):
+        p = cs.add_parser(
+            verb,
+            help=f"{verb} a privilege",
+            description=f"{verb.capitalize()} PRIVILEGE ({_PRIVS}; or with underscores) ON "
+            f"CATALOG|SCHEMA|VOLUME NAME {prep} PRINCIPAL (a user, or group:NAME).",
+        )
+        p.add_argument("privilege", type=_privilege, metavar="PRIVILEGE")
+        p.add_argument("on", type=_word("ON"), metavar="ON")
+        p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME")
+        p.add_argument("name", metavar="NAME")
+        p.add_argument("prep", type=_word(prep), metavar=prep)
+        p.add_argument("principal", metavar="PRINCIPAL")
+
+    p = cs.add_parser(
+        "show-grants",
+        help="show the grants on an object",
+        description="Grants on NAME and inherited from above (all of them with MANAGE, else "
+        "your own).",
+    )
+    p.add_argument("name", metavar="CAT[.SCH[.VOL]]")
+    p.add_argument("--principal", metavar="PRINCIPAL", help="only this principal's")
+
+    p = cs.add_parser(
+        "set-owner", help="change an object's owner", description="Needs MANAGE or ownership."
+    )
+    p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("principal", metavar="PRINCIPAL")
+
+    p = cs.add_parser(
+        "map-principal",
+        help="map a local user or group to a principal name",
+        description="Grants to PRINCIPAL then apply to the local user (or group:NAME) LOCAL; "
+        "without PRINCIPAL the mapping is removed. Admins only.",
+    )
+    p.add_argument("local", metavar="LOCAL")
+    p.add_argument("principal", nargs="?", metavar="PRINCIPAL")
