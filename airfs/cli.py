@@ -65,6 +65,17 @@ def positive_seconds(text: str) -> float:
     return v
 
 
+def metrics_address(text: str) -> str:
+    """``[ADDR:]PORT`` for ``--metrics``, normalised to ``ADDR:PORT``."""
+    from airfs.metrics import parse_address
+
+    try:
+        host, port = parse_address(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def positive_int(text: str) -> int:
     try:
         v = int(text)
@@ -167,6 +178,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         fuse=args.fuse,
         passthrough=not args.no_passthrough,
         rebuild_journal=args.rebuild_journal,
+        metrics=args.metrics,
     )
 
 
@@ -672,6 +684,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=60.0,
         metavar="SECONDS",
         help="how long to wait for the mount to be ready (default 60)",
+    )
+    m.add_argument(
+        "--metrics",
+        type=metrics_address,
+        default=None,
+        metavar="[ADDR:]PORT",
+        help="serve Prometheus metrics at http://ADDR:PORT/metrics (default off; ADDR "
+        "defaults to 127.0.0.1)",
     )
     m.add_argument("--debug", action="store_true", help="verbose daemon log")
     m.add_argument("--quiet", "-q", action="store_true")

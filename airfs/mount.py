@@ -20,9 +20,9 @@ import signal
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -38,7 +38,7 @@ from airfs.core.context import Caller as CoreCaller
 from airfs.core.fs import Filesystem
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse import DEFAULT_TRANSPORT
-from airfs.fuse.transport import Transport, TransportError, make_transport
+from airfs.fuse.transport import Transport, TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
@@ -46,6 +46,9 @@ from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.journal import JournalDamaged
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
+
+if TYPE_CHECKING:
+    from airfs.metrics import Snapshot
 
 log = logging.getLogger("airfs")
 
@@ -88,6 +91,8 @@ class MountConfig:
     passthrough: bool = True
     #: rebuild a lost or damaged journal from the staging files' own records
     rebuild_journal: bool = False
+    #: serve Prometheus metrics on ``[ADDR:]PORT`` (None: off)
+    metrics: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -309,11 +314,11 @@ class Daemon:
             "uptime_s": round(time.time() - self.started, 1),
             "ttl": self.cfg.ttl,
             "read_ahead_kb": self.cfg.read_ahead_kb if self.read_ahead else None,
-            "fs": self.fs.statistics(),
+            "fs": self.fs.statistics().to_dict(),
             "cache": self.readpath.statistics().to_dict(),
             "writeback": self.uploader.statistics().to_dict(),
             "origin_calls": dataclasses.asdict(self.origin.statistics()),
-            "prefetch": self.prefetcher.statistics(),
+            "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics() if self.transport is not None else None,
             "catalog": self.catalog_service.statistics(),
         }
@@ -484,21 +489,16 @@ class Daemon:
         initialized = trio.Event()
         fsname = (self.origin.url or "airfs").replace(",", "_").replace(" ", "_")
         try:
-            self.transport = transport = make_transport(
-                cfg.fuse,
-                self.fs,
-                cfg.ttl,
-                fsname=fsname,
-                allow_other=_allow_other(cfg),
-                debug=cfg.debug,
-                on_init=initialized.set,
-                passthrough=cfg.passthrough,
+            opts = TransportOptions(
+                fsname, _allow_other(cfg), cfg.debug, initialized.set, cfg.passthrough
             )
+            self.transport = transport = make_transport(cfg.fuse, self.fs, cfg.ttl, opts)
         except TransportError as exc:
             raise MountError(str(exc)) from None
         # Everything that touches the mountpoint path happens before the mount: once mounted,
         # a stat of it would wait for this very process to answer.
         control = ControlServer(self, socket_path(cfg.mountpoint))
+        serve_metrics = await self._metrics_server()
         try:
             transport.mount(cfg.mountpoint)
         except TransportError as exc:
@@ -516,6 +516,8 @@ class Daemon:
                 nursery.start_soon(self._sync_journal)
                 nursery.start_soon(self._abort_stale_uploads)
                 nursery.start_soon(self.prefetcher.run)
+                if serve_metrics is not None:
+                    nursery.start_soon(serve_metrics)
                 log.info(
                     "mounted %s on %s (cache %s)", self.origin.url, cfg.mountpoint, cfg.cache_dir
                 )
@@ -534,6 +536,37 @@ class Daemon:
         finally:
             transport.close()
         return code
+
+    def metrics_snapshot(self) -> Snapshot:
+        """Every component's statistics record, for the metrics endpoint."""
+        from airfs.metrics import Snapshot
+
+        return Snapshot(
+            core=self.fs.statistics(),
+            readpath=self.readpath.statistics(),
+            writeback=self.uploader.statistics(),
+            origin=self.origin.statistics(),
+            prefetch=self.prefetcher.statistics(),
+            transport=self.transport.statistics() if self.transport is not None else None,
+        )
+
+    async def _metrics_server(self) -> Callable[[], Awaitable[None]] | None:
+        """With ``--metrics``: bind its socket now (a port in use fails the mount with a
+        one-line reason) and return the task that serves it."""
+        if self.cfg.metrics is None:
+            return None
+        from airfs import metrics
+
+        address, port = metrics.parse_address(self.cfg.metrics)
+        try:
+            listener = await metrics.open_listener(address, port)
+        except OSError as exc:
+            raise MountError(
+                f"--metrics {address}:{port}: cannot listen: {exc.strerror or exc}"
+            ) from None
+        render = metrics.render_with(metrics.registry(self.metrics_snapshot))
+        log.info("metrics on http://%s:%d/metrics", address, port)
+        return functools.partial(metrics.serve, listener, render)
 
     async def _raise_read_ahead(self, initialized: trio.Event) -> None:
         """The kernel sets the mount's readahead from the INIT reply (128 KiB): raise it
@@ -657,14 +690,6 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         return 1
     finally:
         ready("daemon exited before the mount was ready")
-
-
-def _mount_error(exc: BaseException) -> str | None:
-    """The message of the :class:`MountError` that ``exc`` (an exception group from the
-    daemon's nurseries) carries, if that is all it carries."""
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    return str(exc) if isinstance(exc, MountError) else None
 
 
 def main(argv: list[str] | None = None) -> int:

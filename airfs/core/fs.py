@@ -33,6 +33,7 @@ from .attrs import Attr
 from .base import ADOPT_MAX, DirHandle, Handle, _err, counted
 from .context import current_caller
 from .names import NameOps
+from .stats import CoreStats
 
 log = logging.getLogger(__name__)
 
@@ -203,10 +204,14 @@ class Filesystem(NameOps):
 
     # -- status ----------------------------------------------------------------------------
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "inodes": len(self.inodes),
-            "open_files": len(self.handles),
-            "ops": dict(self.ops),
-            **self.listings.statistics(),
-        }
+    def statistics(self) -> CoreStats:
+        ls = self.listings.statistics()
+        return CoreStats(
+            inodes=len(self.inodes),
+            open_files=len(self.handles),
+            listings=ls["listings"],
+            listing_hits=ls["listing_hits"],
+            listing_negative_hits=ls["listing_negative_hits"],
+            relists=ls["relists"],
+            ops=dict(self.ops),
+        )

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from airfs.origin.base import Entry, Kind
+from airfs.pathindex import PathDict, PathIndex
 
 if TYPE_CHECKING:
     from airfs.writeback.staging import Staged
@@ -62,13 +63,15 @@ class InodeTable:
 
     def __init__(self, root_entry: Entry) -> None:
         self._by_ino: dict[int, Node] = {}
-        self._by_path: dict[str, Node] = {}
+        #: indexed by directory: a rename costs the nodes it moves, not the table's size
+        self._by_path: PathDict[Node] = PathDict()
         #: origin file number -> the node of a file with several names
         self._by_file: dict[int, Node] = {}
         self._next = itertools.count(ROOT_INO + 1)
         # origin entries of nodes the kernel forgot, so that a known name stays usable while
         # the origin is unreachable (bounded LRU; dropped on rename/removal)
         self._last: collections.OrderedDict[str, Entry] = collections.OrderedDict()
+        self._last_index = PathIndex()  # the paths of ``_last``, by directory
         root = Node(ROOT_INO, "", Kind.DIR, root_entry, time.monotonic(), lookups=1)
         self._add(root)
 
@@ -180,9 +183,11 @@ class InodeTable:
         ``new`` (or under it) is detached first."""
         self._forget_known(old)
         self._forget_known(new)
-        for path in [p for p in self._by_path if p == new or p.startswith(new + "/")]:
+        if not old or not new:
+            raise AssertionError("the root is never renamed")
+        for path in self._by_path.under(new):
             self.unlink_name(path)
-        moved = [(p, n) for p, n in self._by_path.items() if p == old or p.startswith(old + "/")]
+        moved = [(p, self._by_path[p]) for p in self._by_path.under(old)]
         for p, _ in moved:
             del self._by_path[p]
         for p, n in moved:
@@ -212,18 +217,19 @@ class InodeTable:
             if node.entry is not None:
                 self._last[node.path] = node.entry
                 self._last.move_to_end(node.path)
+                self._last_index.add(node.path)
                 while len(self._last) > LAST_KNOWN_MAX:
-                    self._last.popitem(last=False)
+                    self._last_index.discard(self._last.popitem(last=False)[0])
 
     def last_known(self, path: str) -> Entry | None:
         """The last origin entry seen for ``path`` by a node since dropped (None if none)."""
         return self._last.get(path)
 
     def _forget_known(self, path: str) -> None:
-        self._last.pop(path, None)
-        prefix = path + "/"
-        for p in [p for p in self._last if p.startswith(prefix)]:
-            del self._last[p]
+        """Drop the last known entries at and under ``path``."""
+        for p in self._last_index.under(path) if path else [path]:
+            self._last.pop(p, None)
+            self._last_index.discard(p)
 
     def nodes(self) -> list[Node]:
         return list(self._by_ino.values())

@@ -3,9 +3,11 @@ prefetch queue that :mod:`airfs.data` feeds through the control socket."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import trio
@@ -121,6 +123,20 @@ async def warm(
     }
 
 
+@dataclass(frozen=True, slots=True)
+class PrefetchStats:
+    """``BackgroundPrefetch.statistics()``: paths submitted (by the torch dataset), dropped
+    (queue full), warmed, failed. Counters since the mount started."""
+
+    submitted: int
+    dropped: int
+    warmed: int
+    failed: int
+
+    def to_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
 class BackgroundPrefetch:
     """A bounded queue of paths to warm in the background (for the torch dataset).
 
@@ -173,10 +189,5 @@ class BackgroundPrefetch:
                 self.failed += 1
                 log.debug("prefetch %s failed: %s", path, exc)
 
-    def statistics(self) -> dict[str, int]:
-        return {
-            "submitted": self.submitted,
-            "dropped": self.dropped,
-            "warmed": self.warmed,
-            "failed": self.failed,
-        }
+    def statistics(self) -> PrefetchStats:
+        return PrefetchStats(self.submitted, self.dropped, self.warmed, self.failed)

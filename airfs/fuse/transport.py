@@ -12,12 +12,13 @@ import contextlib
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from airfs.core.fs import Filesystem
 from airfs.fuse import TRANSPORTS
 
-__all__ = ["TRANSPORTS", "Transport", "TransportError", "make_transport"]
+__all__ = ["TRANSPORTS", "Transport", "TransportError", "TransportOptions", "make_transport"]
 
 log = logging.getLogger(__name__)
 
@@ -34,26 +35,35 @@ class Transport(Protocol):
     def statistics(self) -> dict[str, Any]: ...
 
 
+@dataclass(frozen=True)
+class TransportOptions:
+    """What every transport is given besides the core: the mount's name in /proc/mounts,
+    ``allow_other``, verbose protocol logging, and the callback for the kernel's INIT."""
+
+    fsname: str
+    allow_other: bool
+    debug: bool
+    on_init: Callable[[], None]
+    #: kernel transport: pass local bytes through where the kernel and privileges allow
+    passthrough: bool = True
+
+
 class Pyfuse3Transport:
     """libfuse through pyfuse3 (options as libfuse spells them)."""
 
-    def __init__(
-        self,
-        fs: Filesystem,
-        ttl: float,
-        *,
-        fsname: str,
-        allow_other: bool,
-        debug: bool,
-        on_init: Callable[[], None],
-    ) -> None:
+    def __init__(self, fs: Filesystem, ttl: float, opts: TransportOptions) -> None:
         from airfs.fuse.ops import FuseOps
 
-        self.ops = FuseOps(fs, ttl, on_init=on_init)
-        self.options = {"fsname=" + fsname, "subtype=airfs", "default_permissions", "noatime"}
-        if allow_other:
+        self.ops = FuseOps(fs, ttl, on_init=opts.on_init)
+        self.options = {
+            "fsname=" + opts.fsname,
+            "subtype=airfs",
+            "default_permissions",
+            "noatime",
+        }
+        if opts.allow_other:
             self.options.add("allow_other")
-        if debug:
+        if opts.debug:
             self.options.add("debug")
         self.mounted = False
 
@@ -91,35 +101,25 @@ class Pyfuse3Transport:
 class KernelTransport:
     """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise)."""
 
-    def __init__(
-        self,
-        fs: Filesystem,
-        ttl: float,
-        *,
-        fsname: str,
-        allow_other: bool,
-        debug: bool,
-        on_init: Callable[[], None],
-        passthrough: bool = True,
-    ) -> None:
+    def __init__(self, fs: Filesystem, ttl: float, opts: TransportOptions) -> None:
         from airfs.fuse.kernel import mount as kmount
         from airfs.fuse.kernel.negotiate import max_pages_limit
         from airfs.fuse.kernel.session import Session
 
         self._kmount = kmount
-        self.fsname = fsname
-        self.allow_other = allow_other
+        self.fsname = opts.fsname
+        self.allow_other = opts.allow_other
         self.mountpoint: str | None = None
         self.fd: int | None = None
         self.session = Session(
             -1,
             fs,
             ttl,
-            on_init=lambda _neg: on_init(),
+            on_init=lambda _neg: opts.on_init(),
             pages_limit=max_pages_limit(),
-            passthrough=passthrough and kmount.has_cap_sys_admin(),
+            passthrough=opts.passthrough and kmount.has_cap_sys_admin(),
         )
-        if debug:
+        if opts.debug:
             logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)
 
     def mount(self, mountpoint: str) -> None:
@@ -154,25 +154,10 @@ class KernelTransport:
         return self.session.statistics()
 
 
-def make_transport(
-    kind: str,
-    fs: Filesystem,
-    ttl: float,
-    *,
-    fsname: str,
-    allow_other: bool,
-    debug: bool,
-    on_init: Callable[[], None],
-    passthrough: bool = True,
-) -> Transport:
+def make_transport(kind: str, fs: Filesystem, ttl: float, opts: TransportOptions) -> Transport:
     """Build the transport named ``kind`` (one of :data:`TRANSPORTS`)."""
     if kind == "kernel":
-        return KernelTransport(
-            fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init,
-            passthrough=passthrough,
-        )  # fmt: skip
+        return KernelTransport(fs, ttl, opts)
     if kind == "pyfuse3":
-        return Pyfuse3Transport(
-            fs, ttl, fsname=fsname, allow_other=allow_other, debug=debug, on_init=on_init
-        )
+        return Pyfuse3Transport(fs, ttl, opts)
     raise TransportError(f"unknown FUSE transport {kind!r} (use kernel or pyfuse3)")

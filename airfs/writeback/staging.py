@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from airfs.pathindex import PathDict
+
 from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
 
 log = logging.getLogger(__name__)
@@ -191,7 +193,9 @@ class StagingArea:
         self.journal = Journal(self.journal_dir)
         self.limit = limit
         self.min_free = min_free
-        self.paths: dict[str, PathState] = {}
+        #: live files by path, indexed by directory (``children``/``under`` cost what they
+        #: return, not the number of staged files)
+        self.paths: PathDict[PathState] = PathDict()
         #: every staged version, including deleted ones still open and superseded ones
         #: still uploading or read
         self.all: dict[str, Staged] = {}
@@ -364,32 +368,21 @@ class StagingArea:
 
     def children(self, dir_path: str) -> list[Staged]:
         """Live staged files directly inside directory ``dir_path``."""
-        prefix = f"{dir_path}/" if dir_path else ""
-        return [
-            live
-            for p, ps in self.paths.items()
-            if p.startswith(prefix) and "/" not in p[len(prefix) :] and (live := ps.live)
-        ]
+        return [live for p in self.paths.children(dir_path) if (live := self.paths[p].live)]
 
     def under(self, dir_path: str) -> list[Staged]:
-        """Live staged files anywhere under ``dir_path`` (all of them for the root)."""
-        prefix = dir_path + "/" if dir_path else ""
-        return [
-            live
-            for p, ps in self.paths.items()
-            if (not dir_path or p == dir_path or p.startswith(prefix)) and (live := ps.live)
-        ]
+        """Live staged files at or anywhere under ``dir_path`` (all of them for the root)."""
+        return [live for p in self.paths.under(dir_path) if (live := self.paths[p].live)]
 
     def hold(self, *paths: str) -> list[PathState]:
         """Stop new commits at or under ``paths`` until :meth:`unhold` (a rename is changing
         those names at the origin; a commit started meanwhile would race it)."""
         held = []
         for path in paths:
-            prefix = path + "/" if path else ""
-            for p, ps in self.paths.items():
-                if not path or p == path or p.startswith(prefix):
-                    ps.held += 1
-                    held.append(ps)
+            for p in self.paths.under(path):
+                ps = self.paths[p]
+                ps.held += 1
+                held.append(ps)
         return held
 
     def unhold(self, held: list[PathState]) -> None:
@@ -492,9 +485,11 @@ class StagingArea:
         """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was
         staged at or under ``new`` is discarded. With ``rebase``, ``base`` is the origin
         version the file moved to ``new`` now replaces. Journaled in one transaction."""
-        for p in [p for p in self.paths if p == new or p.startswith(new + "/")]:
+        if not old or not new:
+            raise AssertionError("the root is never renamed")
+        for p in self.paths.under(new):
             self.discard_path(self.paths[p])
-        moved = [ps for p, ps in self.paths.items() if p == old or p.startswith(old + "/")]
+        moved = [self.paths[p] for p in self.paths.under(old)]
         for ps in moved:
             assert ps.path is not None
             del self.paths[ps.path]

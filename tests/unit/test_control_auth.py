@@ -340,15 +340,6 @@ def test_status_is_redacted_for_everyone_but_root_and_the_owner() -> None:
     assert dispatch(s, BOB, {"op": "unmount"}) == {"drained": True}  # the owner may unmount
 
 
-def test_a_mount_error_raised_in_a_nursery_keeps_its_one_line_reason() -> None:
-    from airfs.mount import _mount_error
-
-    group = ExceptionGroup("nursery", [ExceptionGroup("inner", [MountError("cannot mount")])])
-    assert _mount_error(group) == "cannot mount"
-    assert _mount_error(ExceptionGroup("two", [MountError("a"), ValueError("b")])) is None
-    assert _mount_error(ValueError("x")) is None
-
-
 def test_denials_are_counted_always_and_logged_at_most_once_a_second(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

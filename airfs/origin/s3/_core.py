@@ -30,6 +30,9 @@ from ._errors import s3_code, translate
 from ._meta import DEFAULT_MODE, Meta, from_headers, http_date_ns, ns_of, parse
 from ._raw import RawS3, quote
 
+#: Last-Modified's granularity (1 s) plus a margin for the server's clock
+SAME_SECOND_NS = 2_000_000_000
+
 
 class S3Base:
     """Shared state and helpers of :class:`~airfs.origin.s3.S3Origin` (see the package
@@ -52,10 +55,10 @@ class S3Base:
         self._store = store
         self.default_mode = default_mode & 0o7777
         self.list_heads = list_heads
-        #: path -> ((ETag, Last-Modified ns), metadata): what this origin knows of objects'
-        #: stored attributes (listings carry none); Last-Modified is part of the key because a
-        #: metadata-replacing copy keeps the ETag
-        self._known: OrderedDict[str, tuple[tuple[str, int], Meta]] = OrderedDict()
+        #: path -> ((ETag, Last-Modified ns), metadata, when read ns): what this origin knows
+        #: of objects' stored attributes (listings carry none); Last-Modified is part of the
+        #: key because a metadata-replacing copy keeps the ETag
+        self._known: OrderedDict[str, tuple[tuple[str, int], Meta, int]] = OrderedDict()
         self._known_lock = threading.Lock()
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -102,16 +105,27 @@ class S3Base:
 
     def _remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
         with self._known_lock:
-            self._known[path] = (token, attrs)
+            self._known[path] = (token, attrs, time.time_ns())
             self._known.move_to_end(path)
             while len(self._known) > MODE_CACHE_MAX:
                 self._known.popitem(last=False)
 
-    def _known_meta(self, path: str, token: tuple[str, int]) -> Meta | None:
-        """The stored attributes of ``path`` in the state ``token``, if this origin saw it."""
+    def _known_meta(
+        self, path: str, token: tuple[str, int], *, recent: bool = False
+    ) -> Meta | None:
+        """The stored attributes of ``path`` in the state ``token``, if this origin saw it
+        and the token tells every later change apart. Last-Modified has whole seconds and a
+        metadata copy keeps the ETag, so what was read within :data:`SAME_SECOND_NS` of the
+        Last-Modified it was read with may have changed since under the same token: not
+        trusted (a listing HEADs it again, and trusts what it reads later) unless ``recent``
+        (the best known, where the alternative is the default)."""
         with self._known_lock:
             got = self._known.get(path)
-        return got[1] if got is not None and got[0] == token else None
+        if got is None or got[0] != token:
+            return None
+        if not recent and got[2] - token[1] < SAME_SECOND_NS:
+            return None
+        return got[1]
 
     def _dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
         """A directory: its marker's attributes where the server keeps them, else 0o755, no

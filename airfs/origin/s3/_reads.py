@@ -64,7 +64,7 @@ class Reads(S3Base):
             name = p[cut:]
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
-            attrs = self._known_meta(p, self._token(meta))
+            attrs = self._known_meta(p, self._token(meta), recent=not self.list_heads)
             if attrs is None and not self.list_heads:
                 attrs = Meta()
             if attrs is None:

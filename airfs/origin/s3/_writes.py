@@ -127,12 +127,14 @@ class Writes(S3Base):
             raise from_oserror(exc, source) from None
         if self._is_dir(path):
             raise IsADir(f"{where}: is a directory")
-        if mode is None or uid is None or gid is None:
-            cur = self._head(path)
+        if (mode is None or uid is None or gid is None) and if_match != "":
+            cur = self._head(path)  # (a create-only put replaces nothing: no HEAD)
             old: Meta = cur["attrs"] if cur is not None else Meta()
-            mode = (self.default_mode if old.mode is None else old.mode) if mode is None else mode
             uid = old.uid if uid is None else uid
             gid = old.gid if gid is None else gid
+            mode = old.mode if mode is None else mode
+        if mode is None:
+            mode = self.default_mode
         attrs = Meta(mode & 0o7777, uid, gid, time.time_ns() if mtime_ns is None else mtime_ns)
         single = size <= self.single_put_max
         cond: PutMode | None = None

@@ -1,0 +1,38 @@
+"""The core's statistics record (``Filesystem.statistics()``): what ``airfs status`` shows
+under ``fs`` and what the metrics endpoint exports as ``airfs_core_*``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class CoreStats:
+    """A snapshot of the filesystem core. Counters run since the core was built.
+
+    ``inodes`` (nodes in the inode table, the root included), ``open_files`` (open handles),
+    ``ops`` (requests served, by operation), and the directory-listing cache: ``listings``
+    (directories held), ``listing_hits`` / ``listing_negative_hits`` (lookups answered from
+    a listing, found / absent), ``relists`` (listings fetched again)."""
+
+    inodes: int
+    open_files: int
+    listings: int
+    listing_hits: int
+    listing_negative_hits: int
+    relists: int
+    ops: Mapping[str, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as ``airfs status`` prints it (the layout it always had)."""
+        return {
+            "inodes": self.inodes,
+            "open_files": self.open_files,
+            "ops": dict(self.ops),
+            "listings": self.listings,
+            "listing_hits": self.listing_hits,
+            "listing_negative_hits": self.listing_negative_hits,
+            "relists": self.relists,
+        }

@@ -1,0 +1,139 @@
+"""``airfs mount --metrics``: a real mount serves Prometheus text at /metrics, and the values
+move with real reads and writes through the mount."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from airfs.metrics import METRICS
+from airfs.testing.fixtures import Volume
+from airfs.testing.mountfix import fuse_available, mount
+from airfs.testing.seaweed import free_ports
+
+pytestmark = [
+    pytest.mark.mount,
+    pytest.mark.skipif(not fuse_available(), reason="needs /dev/fuse and fusermount3"),
+]
+
+MiB = 1 << 20
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int, path: str = "/metrics") -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        return str(r.read().decode())
+
+
+def samples(port: int) -> Samples:
+    out: Samples = {}
+    for fam in text_string_to_metric_families(scrape(port)):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(s: Samples, name: str, **labels: str) -> float:
+    return s.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_move_with_reads_and_writes(make_volume: Callable[..., Volume]) -> None:
+    port = free_ports(1)[0]
+    v = make_volume("--metrics", str(port))  # the address defaults to 127.0.0.1
+    before = samples(port)
+    names = {n for n, _ in before}
+    assert all(n.startswith("airfs_") for n in names)
+    assert names <= set(METRICS)  # every exported name is documented
+    for n in (
+        "airfs_core_inodes",
+        "airfs_writeback_pending_files",
+        "airfs_writeback_committed_bytes_total",
+        "airfs_origin_in_flight",
+        "airfs_background_prefetch_submitted_total",
+    ):
+        assert n in names, n
+
+    data = os.urandom(3 * MiB)
+    (v.root / "w.bin").write_bytes(data)
+    v.m.flush()
+    src = v.tmp / "src"
+    src.write_bytes(os.urandom(2 * MiB))
+    v.spec.view.put("r.bin", str(src))
+    assert (v.root / "r.bin").read_bytes() == src.read_bytes()
+    after = samples(port)
+
+    def grew(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert grew("airfs_writeback_committed_files_total") >= 1
+    assert grew("airfs_writeback_committed_bytes_total") >= 3 * MiB
+    assert value(after, "airfs_writeback_pending_files") == 0
+    assert grew("airfs_core_ops_total", op="create") >= 1
+    assert grew("airfs_core_ops_total", op="write") >= 1
+    assert grew("airfs_origin_requests_total", op="put") >= 1
+    assert grew("airfs_origin_requests_total", op="stat") >= 1
+    assert grew("airfs_cache_origin_requests_total") >= 1  # the block cache's range reads
+    assert grew("airfs_cache_origin_read_bytes_total") >= 2 * MiB
+    assert grew("airfs_cache_reads_total") >= 1
+    assert value(after, "airfs_core_inodes") >= 3  # the root and both files
+
+
+def test_metrics_paths_and_methods(make_volume: Callable[..., Volume]) -> None:
+    port = free_ports(1)[0]
+    make_volume("--metrics", f"127.0.0.1:{port}")
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        scrape(port, "/other")
+    assert ei.value.code == 404
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as ei:
+        urllib.request.urlopen(req, timeout=10)
+    assert ei.value.code == 405
+    assert "airfs_core_ops_total" in scrape(port)  # still serving
+
+
+@pytest.mark.parametrize(
+    ("arg", "reason"),
+    [
+        ("70000", "port must be 1-65535"),
+        ("0", "port must be 1-65535"),
+        ("host.example:9100", "not an IP address"),
+        ("127.0.0.1:http", "not [ADDRESS:]PORT"),
+    ],
+)
+def test_bad_metrics_address_is_refused(tmp_path: Path, arg: str, reason: str) -> None:
+    (tmp_path / "mnt").mkdir()
+    p = subprocess.run(
+        [sys.executable, "-m", "airfs.cli", "mount", "--metrics", arg, str(tmp_path / "mnt")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.returncode == 2
+    assert reason in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_port_in_use_fails_the_mount_with_a_reason(tmp_path: Path) -> None:
+    (tmp_path / "origin").mkdir()
+    (tmp_path / "mnt").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError) as ei:
+            mount(str(tmp_path / "origin"), tmp_path / "mnt", tmp_path / "cache", "--metrics",
+                  f"127.0.0.1:{port}")  # fmt: skip
+    msg = str(ei.value)
+    assert f"--metrics 127.0.0.1:{port}: cannot listen" in msg
+    assert "Traceback" not in msg.splitlines()[0]
+    assert not os.path.ismount(tmp_path / "mnt")
