@@ -337,11 +337,15 @@ class CoreBase:
         mtime = st.mtime_ns if self._mtimes and st.mtime_ns != entry.mtime_ns else None
         uid = st.uid if caps.owners and st.uid is not None and st.uid != entry.uid else None
         gid = st.gid if caps.owners and st.gid is not None and st.gid != entry.gid else None
-        if any(v is not None for v in (mode, mtime, uid, gid)):
+        if not st.dirty and any(v is not None for v in (mode, mtime, uid, gid)):
+            put_version = entry.version
             try:
                 entry = await self.origin.set_attrs(path, mode, mtime, uid=uid, gid=gid)
             except OriginError as exc:
                 log.warning("%s: attributes set during its commit not kept: %s", path, exc)
+            else:
+                if st.ps is not None and st.ps.base == put_version:
+                    st.ps.base = entry.version  # our own change: the next commit replaces it
         if not self._mtimes:
             entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
         self.listings.record(path, entry)

@@ -171,6 +171,8 @@ class Filesystem(NameOps):
                     self.area.notify()
         if any(v is not None for v in (mode, mtime_ns, uid, gid, atime_ns)):
             cur = self.area.get(node.path) if node.path is not None else node.staged
+            if cur is not None:
+                self.passthrough.sync(cur)  # writes the kernel made directly count as dirty
             new_mode = None if mode is None else stat.S_IMODE(mode)
             if cur is not None:
                 self.area.set_attrs(
@@ -183,6 +185,10 @@ class Filesystem(NameOps):
                 entry = await self.origin.set_attrs(
                     node.path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
                 )
+                if cur is not None and cur.ps is not None and cur.ps.base is not None:
+                    # our own change of the version the staged file replaces: its next
+                    # commit replaces this one (If-Match), not a conflict
+                    cur.ps.base = entry.version
                 node.entry = entry
                 node.fetched = time.monotonic()
                 self.listings.record(node.path, entry)

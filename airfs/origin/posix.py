@@ -345,9 +345,15 @@ class PosixOrigin:
         try:
             try:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-                before = os.fstat(d)
-                dst = os.open(tmp, flags, 0o600, dir_fd=d)
-                made = os.fstat(d).st_mtime_ns  # the directory's mtime after our temporary
+                # the directory's times before our temporary appeared, and after: under its
+                # lock, which a set_attrs of the directory takes too (never in between)
+                fcntl.flock(d, fcntl.LOCK_EX)
+                try:
+                    before = os.fstat(d)
+                    dst = os.open(tmp, flags, 0o600, dir_fd=d)
+                    made = os.fstat(d).st_mtime_ns
+                finally:
+                    fcntl.flock(d, fcntl.LOCK_UN)
                 try:
                     with open(source, "rb") as src:
                         _copy_sparse(src.fileno(), dst)
@@ -557,7 +563,17 @@ class PosixOrigin:
                         st.st_atime_ns if atime_ns is None else atime_ns,
                         st.st_mtime_ns if mtime_ns is None else mtime_ns,
                     )
-                    os.utime(name, ns=times, dir_fd=d, follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        # under the directory's lock: a put in it puts the directory's times
+                        # back after its rename, and must see these
+                        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=d)
+                        try:
+                            fcntl.flock(fd, fcntl.LOCK_EX)
+                            os.utime(fd, ns=times)
+                        finally:
+                            os.close(fd)
+                    else:
+                        os.utime(name, ns=times, dir_fd=d, follow_symlinks=False)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)
