@@ -13,6 +13,8 @@ command -v gcc >/dev/null || need_apt+=(gcc)
 # the test suite runs real tools through the mount: vim (scripted edits), flock(1), rsync
 command -v vim >/dev/null || command -v vim.tiny >/dev/null || need_apt+=(vim-tiny)
 command -v flock >/dev/null || need_apt+=(util-linux)
+command -v setpriv >/dev/null || need_apt+=(util-linux)
+command -v rsync >/dev/null || need_apt+=(rsync)
 # PySpark (the tables tests run it in local mode) needs a Java runtime
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
 if [ ${#need_apt[@]} -gt 0 ]; then
