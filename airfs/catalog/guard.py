@@ -151,6 +151,12 @@ class CatalogGuard:
         self.denied(caller, op, path, d)
         raise OSError(d.errno, denial_message(d, op, path))
 
+    def filters(self, dir_path: str) -> bool:
+        """Listings at the three catalog levels depend on the caller's grants."""
+        return (self.cache.meta is not None and dir_path.count("/") < 2) or (
+            self.cache.damaged is not None
+        )
+
     def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
         if not dir_path and name == RESERVED:
             return False

@@ -94,6 +94,9 @@ class DirHandle:
     node: Node
     entries: list[tuple[str, Kind, Entry | None, Staged | None]]
     listed_at: float
+    #: the listing was filtered for its caller (governed volumes): the kernel must not keep
+    #: it for other callers
+    per_caller: bool = False
 
 
 Emit = Callable[[str, Attr, int], bool]

@@ -84,3 +84,7 @@ class Guard(Protocol):
     def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
         """Whether ``name`` in directory ``dir_path`` is listed to ``caller``."""
         ...
+
+    def filters(self, dir_path: str) -> bool:
+        """Whether listings of ``dir_path`` depend on the caller (then no cache shares them)."""
+        ...

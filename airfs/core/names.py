@@ -53,11 +53,13 @@ class NameOps(FileOps):
             assert st.path is not None
             name = st.path.rpartition("/")[2]
             merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
+        per_caller = self.guard is not None and self.guard.filters(path)
         if self.guard is not None:
             caller = current_caller()
             merged = {n: v for n, v in merged.items() if self.guard.visible(caller, path, n)}
         fh = self._fh()
-        self.dirs[fh] = DirHandle(fh, node, sorted(merged.values(), key=lambda t: t[0]), t0)
+        entries = sorted(merged.values(), key=lambda t: t[0])
+        self.dirs[fh] = DirHandle(fh, node, entries, t0, per_caller)
         return fh
 
     @counted

@@ -319,13 +319,14 @@ class Handlers:
             self._dir_sigs[req.nodeid] = sig
             while len(self._dir_sigs) > DIR_SIGNATURES_MAX:
                 self._dir_sigs.pop(next(iter(self._dir_sigs)))
-        out = proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
+        per_caller = (d := self.fs.dirs.get(fh)) is not None and d.per_caller
+        out = 0 if per_caller else proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
         self.counts["dir_cache_kept"] += keep
         return proto.open_out(fh, out)
 
     def _listing_signature(self, fh: int) -> int | None:
         d = self.fs.dirs.get(fh)
-        if d is None or d.node.path is None:
+        if d is None or d.node.path is None or d.per_caller:
             return None
         prefix = f"{d.node.path}/" if d.node.path else ""
         at = self.fs.inodes.at
