@@ -79,7 +79,9 @@ def test_metrics_move_with_reads_and_writes(make_volume: Callable[..., Volume]) 
     assert grew("airfs_writeback_committed_bytes_total") >= 3 * MiB
     assert value(after, "airfs_writeback_pending_files") == 0
     assert grew("airfs_core_ops_total", op="create") >= 1
-    assert grew("airfs_core_ops_total", op="write") >= 1
+    # the bytes themselves may go to the staging file by kernel passthrough (no write op):
+    # the close is the core's either way
+    assert grew("airfs_core_ops_total", op="release") >= 1
     assert grew("airfs_origin_requests_total", op="put") >= 1
     assert grew("airfs_origin_requests_total", op="stat") >= 1
     assert grew("airfs_cache_origin_requests_total") >= 1  # the block cache's range reads
