@@ -86,7 +86,8 @@ def test_metrics_move_with_reads_and_writes(make_volume: Callable[..., Volume]) 
     assert grew("airfs_origin_requests_total", op="stat") >= 1
     assert grew("airfs_cache_origin_requests_total") >= 1  # the block cache's range reads
     assert grew("airfs_cache_origin_read_bytes_total") >= 2 * MiB
-    assert grew("airfs_cache_reads_total") >= 1
+    # (a small cold file is fetched whole at open and then read by passthrough, without a
+    # read request: the cache's read counter need not move)
     assert value(after, "airfs_core_inodes") >= 3  # the root and both files
 
 
