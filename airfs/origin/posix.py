@@ -92,6 +92,19 @@ def _chown(fd: int, uid: int | None, gid: int | None) -> None:
         os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
 
 
+def _lchown(d: int, name: str, uid: int | None, gid: int | None) -> None:
+    """Give ``name`` in directory ``d`` itself (a symbolic link is not followed) to
+    ``uid``/``gid`` (None: unchanged) when the daemon can."""
+    if _ROOT and (uid is not None or gid is not None):
+        os.chown(
+            name,
+            -1 if uid is None else uid,
+            -1 if gid is None else gid,
+            dir_fd=d,
+            follow_symlinks=False,
+        )
+
+
 def _copy_sparse(src: int, dst: int) -> None:
     """Copy file ``src`` into empty file ``dst`` in the kernel, skipping holes."""
     size = os.fstat(src).st_size
@@ -475,14 +488,7 @@ class PosixOrigin:
         try:
             with parent_of(self._fd, path) as (d, name):
                 os.symlink(target, name, dir_fd=d)
-                if _ROOT and (uid is not None or gid is not None):
-                    os.chown(
-                        name,
-                        -1 if uid is None else uid,
-                        -1 if gid is None else gid,
-                        dir_fd=d,
-                        follow_symlinks=False,
-                    )
+                _lchown(d, name, uid, gid)
         except OSError as exc:
             raise from_oserror(exc, path) from None
         return self.stat(path)
@@ -513,11 +519,9 @@ class PosixOrigin:
         try:
             with parent_of(self._fd, path) as (d, name):
                 os.mknod(name, bits | 0o600, rdev, dir_fd=d)
+                _lchown(d, name, uid, gid)
                 fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
                 try:
-                    if _ROOT and (uid is not None or gid is not None):
-                        os.chown(f"/proc/self/fd/{fd}", -1 if uid is None else uid,
-                                 -1 if gid is None else gid)  # fmt: skip
                     os.chmod(f"/proc/self/fd/{fd}", mode & 0o7777)
                 finally:
                     os.close(fd)
@@ -544,14 +548,7 @@ class PosixOrigin:
             with parent_of(self._fd, path) as (d, name):
                 st = os.stat(name, dir_fd=d, follow_symlinks=False)
                 link = stat.S_ISLNK(st.st_mode)
-                if _ROOT and (uid is not None or gid is not None):
-                    os.chown(
-                        name,
-                        -1 if uid is None else uid,
-                        -1 if gid is None else gid,
-                        dir_fd=d,
-                        follow_symlinks=False,
-                    )
+                _lchown(d, name, uid, gid)
                 if mode is not None and not link:
                     fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=d)
                     try:  # chmod through the very inode looked at (O_PATH: no read needed)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from cattest_util import People, Site, governed, people, run_as, site
+from cattest_util import People, Site, governed, run_as, site
 
 from airfs.catalog.store import CatalogStore
 from airfs.control import client
@@ -23,12 +23,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (useradd, mounts)"),
     pytest.mark.mount,
 ]
-
-
-@pytest.fixture
-def folks() -> Iterator[People]:
-    with people() as p:
-        yield p
 
 
 @pytest.fixture(params=["posix", pytest.param("s3", marks=pytest.mark.s3)])

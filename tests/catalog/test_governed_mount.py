@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cattest_util import People, Site, User, governed, people, run_as, site
+from cattest_util import People, Site, User, governed, run_as, site
 
 from airfs.control import client
 from airfs.testing.mountfix import fuse_available
@@ -22,12 +22,6 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (useradd, mounts)"),
     pytest.mark.mount,
 ]
-
-
-@pytest.fixture
-def folks() -> Iterator[People]:
-    with people() as p:
-        yield p
 
 
 @pytest.fixture(params=["posix", pytest.param("s3", marks=pytest.mark.s3)])
