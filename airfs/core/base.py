@@ -49,6 +49,9 @@ NAME_MAX = 255
 #: read back, e.g. a dataset being built); larger ones (checkpoints) are not: the extra copy
 #: of a multi-GiB file on the local disk costs more than it is likely to save
 ADOPT_MAX = 128 << 20
+#: directories whose "changed here" time is remembered (the least recently changed are
+#: forgotten first, and then report the origin's mtime)
+DIR_TIMES_MAX = 100_000
 _COPY_CHUNK = 8 << 20
 
 P = ParamSpec("P")
@@ -124,7 +127,7 @@ class CoreBase:
         self.guard = guard
         #: directories whose entries changed here (a staged create or unlink) at this time
         #: (ns): reported as their mtime/ctime until the origin reports a later one
-        self._dir_times: dict[str, int] = {}
+        self._dir_times: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.readpath = readpath
         self.area = area
         self.ttl = ttl
@@ -210,6 +213,9 @@ class CoreBase:
         the origin counts links)."""
         parent = split(path)[0]
         self._dir_times[parent] = time.time_ns()
+        self._dir_times.move_to_end(parent)
+        if len(self._dir_times) > DIR_TIMES_MAX:  # bounded: the oldest fall back to the origin's
+            self._dir_times.popitem(last=False)
         if subdirs and self.origin.capabilities.hard_links:
             node = self.inodes.at(parent)
             if node is not None and node.entry is not None and node.entry.nlink >= 2:
