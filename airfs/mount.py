@@ -398,7 +398,7 @@ class Daemon:
                 f"some files under {path or '/'} cannot be committed (root or the mount's "
                 "owner can see which in airfs status)",
             ) from None
-        await trio.to_thread.run_sync(self.area.journal.sync)
+        await self.area.settle(sync=True)
         return {**out, "seconds": round(time.monotonic() - t0, 3)}
 
     async def unmount(self, progress: Progress) -> dict[str, Any]:
@@ -616,8 +616,9 @@ class Daemon:
         while True:
             await trio.sleep(1.0)
             try:
-                self.area.retry_journal()
-                await trio.to_thread.run_sync(self.area.journal.sync)
+                # applies what no operation settled (and retries a batch the journal
+                # refused), then syncs the journal
+                await self.area.settle(sync=True)
             except OSError as exc:
                 log.error("journal sync failed: %s", exc)
 

@@ -10,6 +10,7 @@ read, write, close), :mod:`airfs.core.names` (directories and names), :mod:`airf
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -59,14 +60,27 @@ R = TypeVar("R")
 
 
 def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``)."""
+    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``), and
+    settle the staging area's disk changes the operation queued before it returns (a
+    ``close``, ``rename`` or ``unlink`` that returned survives a daemon crash)."""
     name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         self = args[0]
         self.ops[name] += 1  # type: ignore[attr-defined]
-        return await fn(*args, **kwargs)
+        disk = self.area.disk  # type: ignore[attr-defined]
+        mark = disk.mark
+        try:
+            out = await fn(*args, **kwargs)
+        except Exception:
+            if disk.wants_settle(mark):  # what it changed before failing is kept too
+                with contextlib.suppress(OSError):
+                    await disk.settle(since=mark)
+            raise
+        if disk.wants_settle(mark):
+            await disk.settle(since=mark)  # what it changed is on disk when it returns
+        return out
 
     return wrapper
 

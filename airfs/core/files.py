@@ -39,7 +39,7 @@ class FileOps(CoreBase):
         entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
         if entry is not None and entry.kind is not Kind.FILE:
             raise _err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
-        st = self.area.create(
+        st = await self.area.create(
             path,
             base_version=entry.version if entry is not None else None,
             mode=entry.mode if entry is not None else 0o644,
@@ -88,7 +88,7 @@ class FileOps(CoreBase):
                 data = await reader.read(off, min(_COPY_CHUNK, obj.size - off))
                 if not data:
                     raise _err(errno.EIO, f"{obj.path}: origin returned less than its size")
-                self.area.write(st, off, data)
+                await self.area.write(st, off, data)
                 off += len(data)
         finally:
             reader.close()
@@ -177,7 +177,7 @@ class FileOps(CoreBase):
         node = self.inodes.bind(path, Kind.FILE, None)
         async with node.lock:
             base = existing.base_version if existing is not None else None
-            st = self.area.create(path, base_version=base, mode=mode)
+            st = await self.area.create(path, base_version=base, mode=mode)
             st.uid, st.gid = uid, gid
             if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
                 node.entry, node.fetched = await self._claim(st, path), time.monotonic()
@@ -243,7 +243,7 @@ class FileOps(CoreBase):
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))
         await self.area.reserve(st, end, self.write_wait_s)
-        return self.area.write(st, offset, data)
+        return await self.area.write(st, offset, data)
 
     @counted
     async def flush(self, fh: int) -> None:
@@ -252,6 +252,8 @@ class FileOps(CoreBase):
         h = self._handle(fh)
         st = h.staged
         self.passthrough.sync(st)
+        if st is not None:
+            await self.area.quiesce(st)
         if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
             self.area.journal_closed(st)
 
@@ -262,6 +264,8 @@ class FileOps(CoreBase):
             return
         self.passthrough.release(h)
         st = h.staged
+        if st is not None:
+            await self.area.quiesce(st)
         try:
             if st is not None:
                 if h.writable:
@@ -301,6 +305,7 @@ class FileOps(CoreBase):
         self.passthrough.sync(st)
         if st is None or st.path is None:
             return
+        await self.area.quiesce(st)
         if st.dirty:
             self.area.journal_closed(st)  # later writes go to a new version
         await self.commit_now(st)

@@ -162,7 +162,7 @@ class Filesystem(NameOps):
                     # no space is reserved: an extension is a hole (staging counts allocated
                     # bytes); a size the staging filesystem cannot hold is its EFBIG
                     if size != st.size or size != 0:
-                        self.area.truncate(st, size)
+                        await self.area.truncate(st, size)
                 finally:
                     st.refs -= 1
                     if temporary:

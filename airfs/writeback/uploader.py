@@ -189,6 +189,10 @@ class Uploader:
         finally:
             self.active -= 1
             self.area.upload_finished(ps, st)
+        try:
+            await self.area.settle()  # the record deleted by the commit, on disk
+        except OSError as exc:
+            log.error("journal: %s (retried every second)", exc)
 
     async def _commit(self, ps: PathState, st: Staged, path: str) -> Entry:
         """Put ``st`` at ``path``, conditional on the version it replaces where the origin can
@@ -325,6 +329,7 @@ class Uploader:
         caller to give up)."""
         live = self.area.under(dir_path)
         for st in live:
+            await self.area.quiesce(st)
             if st.dirty:
                 # committed as it is now: journaled, so that later writes go to a new version
                 self.area.journal_closed(st)
@@ -340,6 +345,8 @@ class Uploader:
             for c in earlier:
                 self.area.unreported.remove(c)
             raise OSError(errno.EIO, failure_message([], earlier))
+        with contextlib.suppress(OSError):  # (journal full: the daemon retries every second)
+            await self.area.settle()  # the records of what was committed, deleted on disk
         return out
 
     async def commit(

@@ -1,0 +1,117 @@
+"""The records of staged files: :class:`PathState` (one path's versions and what they replace
+at the origin) and :class:`Staged` (one version). Their life cycle is
+:class:`~airfs.writeback.staging.StagingArea`'s (see its module docstring)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import trio
+
+__all__ = ["PathState", "Staged"]
+
+
+@dataclass(eq=False)
+class PathState:
+    """One file's versions and what it replaces at the origin (moves with renames)."""
+
+    path: str | None
+    base: str | None
+    versions: list[Staged] = field(default_factory=list)
+    uploading: Staged | None = None
+    #: files kept from a crash: an older closed version that may have landed at the origin
+    priors: list[str] = field(default_factory=list)
+    #: name operations in progress on this path at the origin: no commit starts meanwhile
+    held: int = 0
+
+    @property
+    def live(self) -> Staged | None:
+        return self.versions[-1] if self.versions else None
+
+    def candidate(self) -> Staged | None:
+        """The version to commit next: the newest closed one, if nothing is uploading."""
+        if self.uploading is not None or self.path is None or self.held:
+            return None
+        for v in reversed(self.versions):
+            if v.closed_version and v.dirty:
+                return v
+        return None
+
+
+@dataclass(eq=False)
+class Staged:
+    """One staged version of a file."""
+
+    id: str
+    file: str
+    fd: int
+    mode: int
+    mtime_ns: int
+    size: int
+    ps: PathState | None = None
+    writers: int = 0
+    #: open handles (readers and writers) that use this staged content
+    refs: int = 0
+    gen: int = 1
+    committed_gen: int = 0
+    #: journaled when set; ``journaled_gen`` is the generation the record describes
+    seq: int | None = None
+    journaled_gen: int = 0
+    first_pending_ns: int = 0
+    upload_done: trio.Event = field(default_factory=trio.Event)
+    error: str | None = None
+    error_transient: bool = True
+    attempts: int = 0
+    next_try: float = 0.0
+    #: a commit has been asked for by fsync/flush (committed before the rest)
+    urgent: bool = False
+    #: the newer version that made this one unnecessary (barriers follow it)
+    replaced_by: Staged | None = None
+    #: (path, kept copy) after this version lost a conflict at the origin
+    conflict: tuple[str, str] | None = None
+    #: owner given to the origin at commit (None: the origin's default / the replaced one's)
+    uid: int | None = None
+    gid: int | None = None
+    #: access time set by the user (None: the mtime); change time of the inode's status
+    atime_ns: int | None = None
+    ctime_ns: int = field(default_factory=time.time_ns)
+    #: changes of its bytes running in worker threads; a journal close asked for meanwhile
+    #: (``close_wanted``) is made when the last one ends
+    inflight: int = 0
+    close_wanted: bool = False
+
+    @property
+    def path(self) -> str | None:
+        return self.ps.path if self.ps is not None else None
+
+    @property
+    def base_version(self) -> str | None:
+        return self.ps.base if self.ps is not None else None
+
+    @property
+    def uploading(self) -> bool:
+        return self.ps is not None and self.ps.uploading is self
+
+    @property
+    def dirty(self) -> bool:
+        return self.gen != self.committed_gen
+
+    @property
+    def closed_version(self) -> bool:
+        """Journaled and not written since: its bytes are what its record describes."""
+        return self.seq is not None and self.journaled_gen == self.gen
+
+    def failed_since(self, attempts: int) -> bool:
+        """Failed, for a reason retrying will not fix, in an attempt made after the count
+        was ``attempts`` (the one rule fsync, flush and unmount share)."""
+        return (
+            self.error is not None
+            and not self.error_transient
+            and self.attempts > attempts
+            and not self.uploading
+        )
+
+    def touch(self) -> None:
+        self.gen += 1
+        self.mtime_ns = self.ctime_ns = time.time_ns()

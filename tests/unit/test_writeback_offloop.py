@@ -1,0 +1,264 @@
+"""The write path off the trio loop: a long ``pwrite`` and the journal's transaction run in
+worker threads while the loop keeps serving, a barrier waits for the writes in flight, and the
+ordered disk queue (:mod:`airfs.writeback.diskq`) keeps what the journal refused.
+
+Each test holds a blocking call in its worker thread with a ``threading.Event`` and shows that
+another operation completed *before* it was let go (an order, not a time). The event is also
+set by a timer after 10 s, so that code which blocks the loop fails the test instead of hanging
+it."""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from airfs.build import Built, build
+from airfs.testing import corehost as ch
+from airfs.testing.memory import MemoryOrigin
+from airfs.writeback import diskq, staging
+from airfs.writeback.journal import RECORD_XATTR, Journal, Record
+
+BIG = b"x" * (staging.WRITE_HOP_MIN * 2)
+
+
+@asynccontextmanager
+async def core(tmp_path: Path, mem: MemoryOrigin) -> AsyncIterator[Built]:
+    async with build(mem, str(tmp_path / "cache"), ttl=0.05, staging_size=1 << 30) as b:
+        yield b
+
+
+class Gate:
+    """Blocks a worker thread until :meth:`open` (or 10 s: a loop that was blocked shows as
+    a wrong order in ``events``, not a hang)."""
+
+    def __init__(self) -> None:
+        self.ev = threading.Event()
+        self.entered = threading.Event()
+        self.events: list[str] = []
+        self._timer = threading.Timer(10.0, self.ev.set)
+        self._timer.start()
+
+    def hold(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def held(*args: Any, **kwargs: Any) -> Any:
+            self.entered.set()
+            self.ev.wait()
+            self.events.append("released")
+            return fn(*args, **kwargs)
+
+        return held
+
+    def open(self) -> None:
+        self.events.append("opened by the loop")
+        self.ev.set()
+        self._timer.cancel()
+
+    async def entered_thread(self) -> None:
+        while not self.entered.is_set():
+            await trio.sleep(0.005)
+
+
+async def test_a_long_write_runs_while_the_loop_serves(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mem = MemoryOrigin()
+    mem.put_bytes("other", b"hello")
+    gate = Gate()
+    monkeypatch.setattr(staging, "_pwrite_all", gate.hold(staging._pwrite_all))
+    async with core(tmp_path, mem) as b:
+        fh = await ch.open_file(b, "big", os.O_WRONLY | os.O_CREAT)
+        async with trio.open_nursery() as n:
+            n.start_soon(b.fs.write, fh, 0, BIG)
+            await gate.entered_thread()
+            # the write is in its thread: the loop still answers, and a read of another file
+            # completes before the write is let go
+            assert await ch.read(b, "other") == b"hello"
+            gate.open()
+        await ch.close(b, fh)
+        assert gate.events == ["opened by the loop", "released"]
+        assert await ch.read(b, "big") == BIG
+
+
+async def test_fsync_waits_for_a_write_in_flight_and_commits_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A barrier on another descriptor of the file while a write is in its thread: the write's
+    bytes are in what is journaled and committed (never a closed version written late)."""
+    mem = MemoryOrigin()
+    gate = Gate()
+    monkeypatch.setattr(staging, "_pwrite_all", gate.hold(staging._pwrite_all))
+    async with core(tmp_path, mem) as b:
+        fh1 = await ch.open_file(b, "f", os.O_WRONLY | os.O_CREAT)
+        await b.fs.write(fh1, 0, b"head")  # short: on the loop
+        fh2 = await ch.open_file(b, "f", os.O_WRONLY)
+        synced = trio.Event()
+
+        async def fsync() -> None:
+            await b.fs.fsync(fh2)
+            gate.events.append("fsync returned")
+            synced.set()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(b.fs.write, fh1, 4, BIG)
+            await gate.entered_thread()
+            n.start_soon(fsync)
+            await trio.sleep(0.05)
+            assert not synced.is_set()  # waiting for the write, not journaling without it
+            gate.open()
+        assert gate.events == ["opened by the loop", "released", "fsync returned"]
+        assert mem.read_range("f", 0, 1 << 30) == b"head" + BIG
+        await ch.close(b, fh2)
+        await ch.close(b, fh1)
+
+
+async def test_the_journal_transaction_runs_while_the_loop_serves(tmp_path: Path) -> None:
+    mem = MemoryOrigin()
+    mem.put_bytes("other", b"hello")
+    gate = Gate()
+    async with core(tmp_path, mem) as b:
+        journal = b.area.journal
+        journal.write = gate.hold(journal.write)  # type: ignore[method-assign]
+        fh = await ch.open_file(b, "f", os.O_WRONLY | os.O_CREAT)
+        await b.fs.write(fh, 0, b"data")
+        closed = trio.Event()
+
+        async def close() -> None:
+            await ch.close(b, fh)
+            closed.set()
+
+        async with trio.open_nursery() as n:
+            n.start_soon(close)
+            await gate.entered_thread()
+            assert await ch.read(b, "other") == b"hello"
+            assert not closed.is_set()  # close returns only once its record is on disk
+            gate.open()
+        assert gate.events == ["opened by the loop", "released"]
+        del journal.write
+        assert [r.path for r in journal.records()] in (["f"], [])  # [] once committed
+        assert await ch.read(b, "f") == b"data"
+
+
+class RefusingJournal(Journal):
+    """Refuses every transaction that puts a record while ``full`` (a full disk on which
+    deleting records still fits), with ENOSPC."""
+
+    full = False
+
+    def write(self, puts: Any = (), deletes: Any = ()) -> None:
+        puts = list(puts)
+        if self.full and puts:
+            raise OSError(errno.ENOSPC, "journal: cannot record the change (test)")
+        super().write(puts, deletes)
+
+
+def _rec(rid: str, path: str, seq: int) -> Record:
+    return Record(rid, path, None, 0o644, 1, seq, 1)
+
+
+async def test_disk_queue_applies_net_changes_in_one_batch(tmp_path: Path) -> None:
+    j = Journal(str(tmp_path / "j"))
+    q = diskq.DiskQueue(j)
+    fd = os.open(tmp_path / "b", os.O_RDWR | os.O_CREAT, 0o600)
+    gone = tmp_path / "a"
+    gone.write_bytes(b"")
+    gfd = os.open(gone, os.O_RDONLY)
+    # a put then its delete nets to nothing; b's delete then put nets to b's put
+    q.write(puts=[_rec("a", "pa", 1)])
+    q.remove_xattr(gfd, RECORD_XATTR, "a")
+    q.write(deletes=["a"])
+    q.drop(str(gone), gfd, "a")
+    q.write(deletes=["b"])
+    q.write(puts=[_rec("b", "pb", 2)])
+    q.set_xattr(fd, RECORD_XATTR, b"b", "b")
+    assert q.wants_settle()
+    await q.settle()
+    assert [r.id for r in j.records()] == ["b"]
+    assert os.getxattr(fd, RECORD_XATTR) == b"b"
+    assert not gone.exists() and not q.wants_settle(q.mark)
+    with pytest.raises(OSError):
+        os.fstat(gfd)  # closed after the changes that used it
+    st = q.statistics()
+    assert (st.queued, st.batches, st.applied, st.failures) == (0, 1, 7, 0)
+    os.close(fd)
+    j.close()
+
+
+async def test_disk_queue_keeps_what_a_full_journal_refuses(tmp_path: Path) -> None:
+    """Deleting a staged file still works with the journal full (it frees the space); a
+    refused record stays queued, its attribute after it, and lands once there is room."""
+    j = RefusingJournal(str(tmp_path / "j"))
+    j.write(puts=[_rec("a", "pa", 1)])
+    q = diskq.DiskQueue(j)
+    a = tmp_path / "a"
+    a.write_bytes(b"aaaa")
+    afd = os.open(a, os.O_RDONLY)
+    bfd = os.open(tmp_path / "b", os.O_RDWR | os.O_CREAT, 0o600)
+    j.full = True
+    before_b = q.mark
+    q.write(puts=[_rec("b", "pb", 2)])  # b closed: its record
+    q.set_xattr(bfd, RECORD_XATTR, b"b", "b")
+    before_a = q.mark
+    q.remove_xattr(afd, RECORD_XATTR, "a")  # a deleted
+    q.write(deletes=["a"])
+    q.drop(str(a), afd, "a")
+    await q.settle(since=before_a)  # a's changes are all applied: no error for a's caller
+    assert not a.exists() and [r.id for r in j.records()] == []
+    with pytest.raises(OSError) as info:
+        await q.settle(since=before_b)
+    assert info.value.errno == errno.ENOSPC and "not recorded yet" in str(info.value)
+    with pytest.raises(OSError):
+        os.getxattr(bfd, RECORD_XATTR)  # never an attribute without its record
+    assert q.statistics().queued == 2 and q.statistics().failures >= 1
+    j.full = False
+    await q.settle(since=before_b)
+    assert [r.id for r in j.records()] == ["b"]
+    assert os.getxattr(bfd, RECORD_XATTR) == b"b"
+    assert q.statistics().queued == 0
+    os.close(bfd)
+    j.close()
+
+
+async def test_rewrite_opened_while_the_previous_version_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the mounted fsx test: opening a closed file for writing makes a new staging
+    file in a worker thread; when the closed version's commit ended meanwhile, that version
+    was dropped under the open (ENOENT "removed while being opened", or EBADF from copying a
+    closed descriptor). The version is now held from the start of the open."""
+    mem = MemoryOrigin()
+    held_put = Gate()
+    mem.put = held_put.hold(mem.put)  # type: ignore[method-assign]
+    gate = Gate()
+    async with core(tmp_path, mem) as b:
+        await ch.write_file(b, "f", b"0123456789")
+        st = b.area.get("f")
+        assert st is not None
+        await held_put.entered_thread()  # its commit is under way, held
+        monkeypatch.setattr(staging, "_open_new", gate.hold(staging._open_new))
+        async with trio.open_nursery() as n:
+            result: list[int] = []
+
+            async def reopen() -> None:
+                result.append(await ch.open_file(b, "f", os.O_WRONLY))
+
+            n.start_soon(reopen)
+            await gate.entered_thread()
+            # the closed version's commit ends while the open waits for its new file
+            held_put.open()
+            with trio.fail_after(10):
+                while st.dirty or st.uploading:
+                    await trio.sleep(0.005)
+            gate.open()
+        fh = result[0]
+        await b.fs.write(fh, 0, b"ab")
+        await ch.close(b, fh)
+        assert await ch.read(b, "f") == b"ab23456789"
+        await b.uploader.flush("")
+        assert mem.read_range("f", 0, 100) == b"ab23456789"
