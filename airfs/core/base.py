@@ -19,10 +19,12 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import ParamSpec, TypeVar
 
 import trio
 
+from airfs.histogram import Latencies
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import (
     Entry,
@@ -59,14 +61,22 @@ R = TypeVar("R")
 
 
 def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``)."""
+    """Count calls of a core operation in ``Filesystem.ops`` (when they start) and their
+    durations in ``Filesystem.latency`` (when they end: with a result, an error or a
+    cancellation). The duration is wall time from the call to its end on the trio loop, waits
+    for the origin included; it costs one ``perf_counter`` pair and one
+    :meth:`~airfs.histogram.Latencies.observe` per call."""
     name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        self = args[0]
-        self.ops[name] += 1  # type: ignore[attr-defined]
-        return await fn(*args, **kwargs)
+        self: CoreBase = args[0]  # type: ignore[assignment]
+        self.ops[name] += 1
+        t0 = perf_counter()
+        try:
+            return await fn(*args, **kwargs)
+        finally:
+            self.latency.observe(name, perf_counter() - t0)
 
     return wrapper
 
@@ -138,6 +148,8 @@ class CoreBase:
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
         self.ops: collections.Counter[str] = collections.Counter()
+        #: durations of the core operations (see :func:`counted`)
+        self.latency = Latencies()
         self.listings = ListingCache(ttl)
         self._relisting: dict[str, trio.Event] = {}
         caps = origin.capabilities
