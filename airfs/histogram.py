@@ -113,7 +113,7 @@ class LatencyHistogram:
 class Latencies:
     """Per-operation latency tallies over :data:`BOUNDS` (see the module docstring)."""
 
-    __slots__ = ("_counts", "_sums", "bounds")
+    __slots__ = ("_counts", "bounds")
 
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         if not bounds or any(b <= a for a, b in itertools.pairwise(bounds)):
@@ -121,23 +121,23 @@ class Latencies:
         if bounds[0] <= 0 or math.isinf(bounds[-1]):
             raise ValueError("bucket bounds must be positive and finite (+Inf is implicit)")
         self.bounds = bounds
-        self._counts: dict[str, list[int]] = {}
-        self._sums: dict[str, float] = {}
+        #: per operation: the count of each bucket (the last one +Inf), then the sum of
+        #: seconds (one list, so an observation touches one object)
+        self._counts: dict[str, list[float]] = {}
 
     def observe(self, op: str, seconds: float) -> None:
         """Count one ``op`` that took ``seconds``."""
         counts = self._counts.get(op)
         if counts is None:
-            counts = self._counts[op] = [0] * (len(self.bounds) + 1)
-            self._sums[op] = 0.0
+            counts = self._counts[op] = [0] * (len(self.bounds) + 1) + [0.0]
         counts[bisect_left(self.bounds, seconds)] += 1
-        self._sums[op] += seconds
+        counts[-1] += seconds
 
     def snapshot(self) -> dict[str, LatencyHistogram]:
         """A frozen record per operation observed at least once."""
         return {
-            op: LatencyHistogram(self.bounds, tuple(counts), self._sums[op])
-            for op, counts in self._counts.items()
+            op: LatencyHistogram(self.bounds, tuple(int(n) for n in c[:-1]), c[-1])
+            for op, c in self._counts.items()
         }
 
 
