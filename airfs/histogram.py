@@ -94,7 +94,7 @@ class LatencyHistogram:
                 lower = self.bounds[i - 1] if i else 0.0
                 return lower + (self.bounds[i] - lower) * max(0.0, rank - below) / n
             below += n
-        return self.bounds[-1]  # q == 0 with leading empty buckets, unreachable otherwise
+        return self.bounds[-1]  # not reached: rank <= total
 
     def to_dict(self) -> dict[str, Any]:
         """The record as ``airfs status --json`` shows it: cumulative ``buckets`` keyed by
