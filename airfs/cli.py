@@ -422,6 +422,28 @@ def _human(n: float) -> str:
     return str(n)
 
 
+def _duration(s: float | None) -> str:
+    """A duration for people: µs below 1 ms, ms below 1 s, else s."""
+    if s is None:
+        return "-"
+    if s < 1e-3:
+        return f"{s * 1e6:.0f}µs"
+    if s < 1.0:
+        return f"{s * 1e3:.3g}ms"
+    return f"{s:.3g}s"
+
+
+def _latency_line(hists: dict[str, Any], most: int = 6) -> str:
+    """``op p50/p99`` for the ``most`` operations with the most calls (status JSON records:
+    see :meth:`airfs.histogram.LatencyHistogram.to_dict`)."""
+    top = sorted(hists.items(), key=lambda kv: (-int(kv[1].get("count") or 0), kv[0]))[:most]
+    return ", ".join(
+        f"{op} {_duration(h.get('p50'))}/{_duration(h.get('p99'))}"
+        for op, h in top
+        if h.get("count")
+    )
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     mp = _require_mount(args.mountpoint)
     try:
@@ -438,6 +460,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     print(f"pid          {st['pid']}   uptime {st['uptime_s']} s   ttl {st['ttl']} s")
     ops = st["fs"]["ops"]
     print("operations   " + ", ".join(f"{k} {v}" for k, v in sorted(ops.items())) or "-")
+    fs_lat = _latency_line(st["fs"].get("latency") or {})
+    if fs_lat:
+        print(f"latency      {fs_lat} (p50/p99)")
+    origin_lat = _latency_line((st.get("origin_calls") or {}).get("latency") or {})
+    if origin_lat:
+        print(f"origin time  {origin_lat} (p50/p99 per attempt)")
     if "cache_bytes_used" in cache:
         print(
             f"cache        {_human(cache['cache_bytes_used'])} of "

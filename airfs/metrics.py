@@ -5,7 +5,10 @@ block cache, the write-back uploader, the origin's async wrapper, the background
 the FUSE transport). :class:`StatsCollector` turns one snapshot of them into Prometheus
 metric families at scrape time, so nothing is counted twice and the numbers are those of
 ``airfs status``. Names start with ``airfs_``; counters end in ``_total``; sizes are bytes,
-durations seconds. :data:`METRICS` lists every name (the README's table is made from it).
+durations seconds. The two latency histograms (:data:`HISTOGRAMS`) are made from the
+bucket counts the core and the origin wrapper keep (:mod:`airfs.histogram`): nothing on the
+request path calls prometheus-client. :data:`METRICS` lists every name (the README's table is
+made from it).
 
 The endpoint is a small HTTP/1.1 server on the trio loop (:func:`serve`): ``GET /metrics``
 renders the snapshot there, so a scrape never reads the components' state from another
@@ -24,8 +27,15 @@ from typing import Any
 
 import trio
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
+
+from .histogram import LatencyHistogram, bucket_label
 
 log = logging.getLogger(__name__)
 
@@ -257,6 +267,22 @@ _BY_LABEL: dict[tuple[str, str], tuple[str, str, str, str]] = {
     ),
 }
 
+#: the latency histograms: (record, field) -> (name, help); label ``op``
+_HISTOGRAMS: dict[tuple[str, str], tuple[str, str]] = {
+    ("core", "latency"): (
+        "airfs_fuse_op_seconds",
+        "filesystem requests by core operation (both transports): time from the call to its "
+        "reply or error",
+    ),
+    ("origin", "latency"): (
+        "airfs_origin_op_seconds",
+        "origin requests by operation, one observation per attempt",
+    ),
+}
+
+#: the histogram families (each exports ``_bucket``, ``_sum`` and ``_count`` samples)
+HISTOGRAMS: tuple[str, ...] = tuple(v[0] for v in _HISTOGRAMS.values())
+
 #: the transport's counters (``airfs_fuse_<key>_total``)
 _TRANSPORT = {
     "requests": "requests read from /dev/fuse",
@@ -271,6 +297,7 @@ _TRANSPORT = {
 METRICS: tuple[str, ...] = (
     *(v[0] for v in _FIELDS.values()),
     *(v[0] for v in _BY_LABEL.values()),
+    *HISTOGRAMS,
     "airfs_origin_in_flight",
     "airfs_origin_down",
     *(f"airfs_fuse_{k}_total" for k in _TRANSPORT),
@@ -283,6 +310,18 @@ def _family(
     if kind == "counter":
         return CounterMetricFamily(name, doc, labels=labels)
     return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def histogram_family(
+    name: str, doc: str, hists: Mapping[str, LatencyHistogram]
+) -> HistogramMetricFamily:
+    """One Prometheus histogram family, labelled ``op``, from the frozen records: cumulative
+    ``_bucket`` samples per bound ending at ``+Inf`` (== ``_count``), and ``_sum``."""
+    fam = HistogramMetricFamily(name, doc, labels=["op"])
+    for op, h in sorted(hists.items()):
+        buckets = [(bucket_label(bound), float(n)) for bound, n in h.cumulative()]
+        fam.add_metric([op], buckets, h.sum)
+    return fam
 
 
 class StatsCollector(Collector):
@@ -308,6 +347,10 @@ class StatsCollector(Collector):
             for key, value in sorted(values.items()):
                 fam.add_metric([key], value)
             yield fam
+        for (rec, field_name), (name, doc) in _HISTOGRAMS.items():
+            hists = getattr(records[rec], field_name, None)
+            if hists is not None:
+                yield histogram_family(name, doc, hists)
         if snap.origin is not None:
             fam = GaugeMetricFamily("airfs_origin_in_flight", "origin calls in flight")
             fam.add_metric([], snap.origin.in_flight)

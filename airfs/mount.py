@@ -317,7 +317,7 @@ class Daemon:
             "fs": self.fs.statistics().to_dict(),
             "cache": self.readpath.statistics().to_dict(),
             "writeback": self.uploader.statistics().to_dict(),
-            "origin_calls": dataclasses.asdict(self.origin.statistics()),
+            "origin_calls": self.origin.statistics().to_dict(),
             "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics() if self.transport is not None else None,
             "catalog": self.catalog_service.statistics(),

@@ -3,7 +3,8 @@ path (:class:`CachedReadPath`).
 
 Modules, each the one owner of its state (users import from this package only):
 
-``blockcache``  :class:`CachedReadPath` / :class:`CachedReader`: life cycle and the read itself
+``blockcache``  :class:`CachedReadPath` / :class:`CachedReader`: life cycle, the ReadPath interface
+``reads``       one read: cut into cached runs and parts, served, planned again on a bad block
 ``objects``     the object table (LRU order, by path), bytes used, eviction, dirty marks
 ``evict``       the space limit (cache size, free-disk floor) and the eviction plan
 ``fetch``       parts: single-flight range reads from the origin, prefetch, warm, adopt

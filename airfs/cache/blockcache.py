@@ -19,23 +19,8 @@ work (fetches, index flushes, file deletions). ``aclose`` stops it, waits for fe
 talking to the origin, writes the index and releases the lock. Cancelling ``nursery`` does the
 same cleanup.
 
-How a read is served
---------------------
-
-An object version (path, version tag) is cached in blocks of ``block_size`` bytes in one sparse
-file (:mod:`airfs.cache.store`); which blocks are present, with a CRC-32 per ``checksum_chunk``,
-is kept in memory (:mod:`airfs.cache.objects`) and mirrored to LMDB in batches
-(:mod:`airfs.cache.persist`). A read whose blocks are all present is answered on the trio loop
-with one ``preadv(RWF_NOWAIT)`` of the chunks it touches, a checksum check and one copy into
-the reply — no thread hop, and never a wait on the disk: if the pages are not in the page
-cache, the read moves to a worker thread. A chunk whose checksum does not match marks its block
-absent (``corrupt_blocks``) and the read fetches it again; wrong bytes are never returned.
-
-Missing blocks are fetched from the origin as *parts* (:mod:`airfs.cache.fetch`): each block
-is fetched by at most one part at a time, and a read that needs a block already being fetched
-waits for that part and is served from its memory. The per-reader
-:class:`~airfs.prefetch.Stream` decides what to fetch ahead; see :mod:`airfs.prefetch` for how
-the window grows, resets and applies backpressure.
+How a read is served (cached runs answered on the loop, missing blocks fetched as parts,
+wrong bytes never returned): see :mod:`airfs.cache.reads`.
 
 Space: see :mod:`airfs.cache.evict`. Data that cannot be cached (cache full of data in use) is
 still served, just not kept (``uncached_bytes``).
@@ -43,14 +28,14 @@ still served, just not kept (``uncached_bytes``).
 The parts, each the single owner of its state: :class:`~airfs.cache.objects.ObjectTable`
 (objects, space, dirty marks), :class:`~airfs.cache.files.CacheFiles` (descriptors, deletions,
 punches), :class:`~airfs.cache.persist.IndexKeeper` (the LMDB index),
-:class:`~airfs.cache.fetch.Fetcher` (parts), :class:`~airfs.cache.stats.Counters`; this
-module holds the life cycle and the read itself.
+:class:`~airfs.cache.fetch.Fetcher` (parts), :class:`~airfs.cache.reads.ReadPlanner` (one read:
+cached runs and parts), :class:`~airfs.cache.stats.Counters`; this module holds the life cycle
+and the :class:`~airfs.readpath.ReadPath` interface.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 from collections.abc import AsyncIterator
 from typing import Any
@@ -58,21 +43,19 @@ from typing import Any
 import trio
 
 from ..origin.aio import AsyncOrigin
-from ..origin.base import OriginError
 from ..prefetch import Stream
 from ..readpath import ObjectRef
 from .backing import BackingFiles, LocalFile
 from .evict import SpaceLimit
-from .fetch import Fetcher, Kind, Part
+from .fetch import Fetcher
 from .hits import HitReader
 from .objects import ObjectTable
 from .persist import IndexKeeper
+from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
 from .store import CachedObject
 
 __all__ = ["CachedReadPath", "CachedReader"]
-
-_MAX_ATTEMPTS = 5
 
 
 class CachedReader:
@@ -107,7 +90,7 @@ class CachedReader:
         if obj.have is None:
             await rp._keeper.ensure_loaded(obj)
         span = self.stream.on_read(offset, end - offset, obj.size)
-        return await rp._read(obj, offset, end, self, span)
+        return await rp._reads.read(obj, offset, end, self, span)
 
     def active_range(self) -> tuple[int, int]:
         """Bytes the reader is using now; never evicted (see :mod:`airfs.cache.evict`)."""
@@ -206,7 +189,8 @@ class CachedReadPath:
             self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm
         )
         self._readers: set[CachedReader] = set()
-        self._hits = HitReader(self._table, self.stats)
+        hits = HitReader(self._table, self.stats)
+        self._reads = ReadPlanner(self._table, self._fetcher, hits, self.stats)
         self._stop = trio.Event()
         self._run_done: trio.Event | None = None
         self._running = False
@@ -419,90 +403,3 @@ class CachedReadPath:
         self.stats.prefetch_window_max = max(self.stats.prefetch_window_max, st.max_window_seen)
         self._budget.poke()  # its queued prefetch parts give up
         self._table.maybe_release(obj)
-
-    # -- reading ---------------------------------------------------------------------------
-
-    async def _read(
-        self,
-        obj: CachedObject,
-        off: int,
-        end: int,
-        reader: CachedReader,
-        span: tuple[int, int] | None,
-    ) -> bytes:
-        self.stats.reads += 1
-        self._table.touch(obj)
-        bs = self._bs
-        b0, b1 = off // bs, (end - 1) // bs + 1
-        have = obj.have
-        assert have is not None
-        if span is None and have.find(0, b0, b1) < 0:
-            data = self._hits.inline(obj, off, end)
-            if data is None:
-                data = await self._hits.thread(obj, off, end)
-            if isinstance(data, bytes):
-                return data
-        for _ in range(_MAX_ATTEMPTS):
-            segments = self._plan(obj, off, end, b0, b1)
-            if span is not None:
-                self._fetcher.prefetch(reader, obj, span)
-                span = None
-            pieces: list[bytes | memoryview] = []
-            for s, e, part in segments:
-                if part is None:
-                    got = self._hits.inline(obj, s, e)
-                    if got is None:
-                        got = await self._hits.thread(obj, s, e)
-                    if got is False:
-                        break
-                    assert isinstance(got, bytes)
-                    pieces.append(got)
-                    continue
-                if not part.done.is_set():
-                    if part.kind is Kind.PREFETCH:
-                        self.stats.prefetch_waits += 1
-                    await part.done.wait()
-                if part.error is not None:
-                    raise part.error
-                if part.data is None:
-                    break  # stored, not kept in memory: read it from the cache file
-                pieces.append(memoryview(part.data)[s - part.start : e - part.start])
-                self.stats.miss_bytes += e - s
-            else:
-                if len(pieces) == 1 and isinstance(pieces[0], bytes):
-                    return pieces[0]
-                return b"".join(pieces)
-        raise OriginError(f"{obj.path}: cache read keeps failing", errno.EIO)
-
-    def _plan(
-        self, obj: CachedObject, off: int, end: int, b0: int, b1: int
-    ) -> list[tuple[int, int, Part | None]]:
-        """Cut ``[off, end)`` into runs cached on disk (part None) and runs coming from parts,
-        starting demand parts for blocks nobody fetches yet."""
-        have, inflight, bs = obj.have, obj.inflight, self._bs
-        part_blocks = self._fetcher.part_blocks
-        assert have is not None
-        out: list[tuple[int, int, Part | None]] = []
-        b = b0
-        while b < b1:
-            part: Part | None = None
-            if have[b]:
-                e = b + 1
-                while e < b1 and have[e]:
-                    e += 1
-                s_byte, e_byte = b * bs, e * bs
-            else:
-                part = inflight.get(b)
-                if part is None:
-                    e = b + 1
-                    while e < b1 and e - b < part_blocks and not have[e] and e not in inflight:
-                        e += 1
-                    part = self._fetcher.start_part(obj, b, e, Kind.DEMAND, None)
-                elif not part.started and not part.urgent:
-                    part.urgent = True
-                    self._budget.poke()
-                e = part.b1
-                s_byte, e_byte = part.start, part.end
-            out.append((max(off, s_byte), min(end, e_byte), part))
-            b = e
-        return out

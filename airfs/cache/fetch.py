@@ -30,6 +30,7 @@ import errno
 import logging
 import os
 from array import array
+from time import perf_counter
 from typing import TYPE_CHECKING
 
 import trio
@@ -211,6 +212,7 @@ class Fetcher:
                             log.warning("cache: cannot create file for %s: %s", obj.path, exc)
                 obj.io += 1
                 new_fd = -1
+                attempts: list[tuple[float, bool]] = []
                 try:
                     data, crcs, new_fd = await trio.to_thread.run_sync(
                         self._fetch_job,
@@ -221,10 +223,12 @@ class Fetcher:
                         fd,
                         create,
                         obj.size,
+                        attempts,
                         limiter=self._origin.limiter,
                     )
                 finally:
                     obj.io -= 1
+                    self._origin.record("read", attempts)  # the thread has ended
                     if create:
                         if new_fd >= 0:
                             obj.fd, obj.file_created = new_fd, True
@@ -262,17 +266,33 @@ class Fetcher:
             t.maybe_release(obj)
 
     def _fetch_job(
-        self, path: str, version: str, start: int, n: int, fd: int, create: str, size: int
+        self,
+        path: str,
+        version: str,
+        start: int,
+        n: int,
+        fd: int,
+        create: str,
+        size: int,
+        attempts: list[tuple[float, bool]],
     ) -> tuple[bytes, array[int] | None, int]:
         """Worker thread: read a range from the origin (retrying transient errors), then
         checksum it and write it into the cache file — ``fd``, or a new file at ``create``
-        (of ``size`` bytes) whose descriptor is returned; neither: do not store."""
+        (of ``size`` bytes) whose descriptor is returned; neither: do not store. Each origin
+        request's (seconds, failed) is appended to ``attempts``."""
         sync = self._origin.sync
-        data = retry(
-            lambda: sync.read_range(path, start, n, version),
-            attempts=self._origin.attempts,
-            what=f"read {path}",
-        )
+
+        def attempt() -> bytes:
+            t0 = perf_counter()
+            try:
+                out = sync.read_range(path, start, n, version)
+            except BaseException:
+                attempts.append((perf_counter() - t0, True))
+                raise
+            attempts.append((perf_counter() - t0, False))
+            return out
+
+        data = retry(attempt, attempts=self._origin.attempts, what=f"read {path}")
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
         new_fd = -1

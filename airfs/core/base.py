@@ -20,10 +20,12 @@ import stat
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from time import perf_counter
 from typing import ParamSpec, TypeVar
 
 import trio
 
+from airfs.histogram import Latencies
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import (
     Entry,
@@ -60,27 +62,34 @@ R = TypeVar("R")
 
 
 def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
-    """Count calls of a core operation in ``Filesystem.ops`` (shown by ``airfs status``), and
-    settle the staging area's disk changes the operation queued before it returns (a
-    ``close``, ``rename`` or ``unlink`` that returned survives a daemon crash)."""
+    """Count calls of a core operation in ``Filesystem.ops`` (when they start) and their
+    durations in ``Filesystem.latency`` (when they end: with a result, an error or a
+    cancellation), and settle the staging area's disk changes the operation queued before it
+    returns (a ``close``, ``rename`` or ``unlink`` that returned survives a daemon crash). The
+    duration is wall time from the call to its end on the trio loop, waits for the origin and
+    the settle included; it costs one ``perf_counter`` pair and one
+    :meth:`~airfs.histogram.Latencies.observe` per call."""
     name = fn.__name__
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        self = args[0]
-        self.ops[name] += 1  # type: ignore[attr-defined]
-        disk = self.area.disk  # type: ignore[attr-defined]
+        self: CoreBase = args[0]  # type: ignore[assignment]
+        self.ops[name] += 1
+        t0 = perf_counter()
+        disk = self.area.disk
         mark = disk.mark
         try:
             out = await fn(*args, **kwargs)
+            if disk.wants_settle(mark):
+                await disk.settle(since=mark)  # what it changed is on disk when it returns
+            return out
         except Exception:
             if disk.wants_settle(mark):  # what it changed before failing is kept too
                 with contextlib.suppress(OSError):
                     await disk.settle(since=mark)
             raise
-        if disk.wants_settle(mark):
-            await disk.settle(since=mark)  # what it changed is on disk when it returns
-        return out
+        finally:
+            self.latency.observe(name, perf_counter() - t0)
 
     return wrapper
 
@@ -152,6 +161,8 @@ class CoreBase:
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
         self.ops: collections.Counter[str] = collections.Counter()
+        #: durations of the core operations (see :func:`counted`)
+        self.latency = Latencies()
         self.listings = ListingCache(ttl)
         self._relisting: dict[str, trio.Event] = {}
         caps = origin.capabilities

@@ -220,4 +220,5 @@ class Filesystem(NameOps):
             listing_negative_hits=ls["listing_negative_hits"],
             relists=ls["relists"],
             ops=dict(self.ops),
+            latency=self.latency.snapshot(),
         )

@@ -7,15 +7,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from airfs.histogram import LatencyHistogram, as_dicts
+
 
 @dataclass(frozen=True, slots=True)
 class CoreStats:
     """A snapshot of the filesystem core. Counters run since the core was built.
 
     ``inodes`` (nodes in the inode table, the root included), ``open_files`` (open handles),
-    ``ops`` (requests served, by operation), and the directory-listing cache: ``listings``
-    (directories held), ``listing_hits`` / ``listing_negative_hits`` (lookups answered from
-    a listing, found / absent), ``relists`` (listings fetched again)."""
+    ``ops`` (requests served, by operation, counted when they start), ``latency`` (their
+    durations, by operation, counted when they end: see :func:`airfs.core.base.counted`),
+    and the directory-listing cache: ``listings`` (directories held), ``listing_hits`` /
+    ``listing_negative_hits`` (lookups answered from a listing, found / absent), ``relists``
+    (listings fetched again)."""
 
     inodes: int
     open_files: int
@@ -24,6 +28,7 @@ class CoreStats:
     listing_negative_hits: int
     relists: int
     ops: Mapping[str, int] = field(default_factory=dict)
+    latency: Mapping[str, LatencyHistogram] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as ``airfs status`` prints it (the layout it always had)."""
@@ -35,4 +40,5 @@ class CoreStats:
             "listing_hits": self.listing_hits,
             "listing_negative_hits": self.listing_negative_hits,
             "relists": self.relists,
+            "latency": as_dicts(self.latency),
         }

@@ -21,12 +21,14 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
+from time import perf_counter
 from typing import Any, TypeVar
 
 import trio
 
+from ..histogram import Latencies, LatencyHistogram, as_dicts
 from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Transient
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,11 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class OriginStats:
-    """``AsyncOrigin.statistics()``: calls by operation, in flight, retries, errors."""
+    """``AsyncOrigin.statistics()``, by operation: ``calls`` (attempts: a retried call counts
+    once per attempt), ``retries``, ``errors`` (failed attempts), ``seconds`` (their total
+    time) and ``latency`` (one observation per attempt, failed ones included, from the call
+    into the worker thread to its end: a wait for a free origin slot is part of it, the
+    backoff sleep between attempts is not); ``in_flight`` attempts, and ``down``."""
 
     in_flight: int
     calls: dict[str, int]
@@ -44,6 +50,13 @@ class OriginStats:
     errors: dict[str, int]
     seconds: dict[str, float]
     down: bool
+    latency: dict[str, LatencyHistogram] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as ``airfs status`` shows it (under ``origin_calls``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["latency"] = as_dicts(self.latency)
+        return out
 
 
 class AsyncOrigin:
@@ -72,6 +85,7 @@ class AsyncOrigin:
         self._retries: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
         self._seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self._latency = Latencies()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -101,7 +115,7 @@ class AsyncOrigin:
                 raise Transient(f"{what}: origin {self.url} is unreachable (recent failures)")
             self._calls[op] += 1
             self._in_flight += 1
-            t0 = time.monotonic()
+            t0 = perf_counter()
             try:
                 out = await trio.to_thread.run_sync(
                     job, limiter=self.limiter, abandon_on_cancel=abandon
@@ -122,10 +136,25 @@ class AsyncOrigin:
                 return out
             finally:
                 self._in_flight -= 1
-                self._seconds[op] += time.monotonic() - t0
+                dt = perf_counter() - t0
+                self._seconds[op] += dt
+                self._latency.observe(op, dt)
             await trio.sleep(random.uniform(0, delay))
             delay = min(self.max_delay, delay * 2)
         raise AssertionError("unreachable")
+
+    def record(self, op: str, attempts: Sequence[tuple[float, bool]]) -> None:
+        """Count the attempts of one ``op`` call made without :meth:`call` (the block cache's
+        range reads, which run their own worker-thread job): ``(seconds, failed)`` per attempt,
+        in order; every attempt but the first is a retry. Call it on the trio loop."""
+        for i, (dt, failed) in enumerate(attempts):
+            self._calls[op] += 1
+            if i:
+                self._retries[op] += 1
+            if failed:
+                self._errors[op] += 1
+            self._seconds[op] += dt
+            self._latency.observe(op, dt)
 
     def statistics(self) -> OriginStats:
         return OriginStats(
@@ -135,6 +164,7 @@ class AsyncOrigin:
             dict(self._errors),
             {k: round(v, 3) for k, v in self._seconds.items()},
             self.down,
+            self._latency.snapshot(),
         )
 
     # -- reads (abandoned on cancel; ``fast`` for revalidations) ---------------------------
