@@ -15,8 +15,9 @@ and readers wait on ``part.done`` and are served from ``part.data``. Kinds:
 ``ADOPT``
     :meth:`Fetcher.adopt`: copied from a local file, no origin read.
 
-Each part reads the origin in a worker thread (within the origin's limiter, retrying transient
-errors) which also checksums the bytes and writes them into the cache file; the blocks are then
+Each part reads the origin in a worker thread (within the origin's limiter; transient errors
+are retried by :meth:`~airfs.origin.aio.AsyncOrigin.call`, backing off on the loop) which also
+checksums the bytes and writes them into the cache file; the blocks are then
 committed to the :class:`~airfs.cache.objects.ObjectTable`. When no room can be reserved the
 bytes are served but not kept (``uncached_bytes``). Every byte belongs to the part's object
 version: an origin that no longer has it raises :class:`~airfs.origin.base.Conflict`.
@@ -30,13 +31,12 @@ import errno
 import logging
 import os
 from array import array
-from time import perf_counter
 from typing import TYPE_CHECKING
 
 import trio
 
 from ..origin.aio import AsyncOrigin
-from ..origin.base import Conflict, OriginError, retry
+from ..origin.base import Conflict, OriginError
 from ..prefetch import ByteBudget, split_runs
 from .files import punches_done
 from .objects import ObjectTable
@@ -212,9 +212,10 @@ class Fetcher:
                             log.warning("cache: cannot create file for %s: %s", obj.path, exc)
                 obj.io += 1
                 new_fd = -1
-                attempts: list[tuple[float, bool]] = []
                 try:
-                    data, crcs, new_fd = await trio.to_thread.run_sync(
+                    # one job per attempt, retried by the origin's one policy (backoff on
+                    # the loop, outside the origin's limiter)
+                    data, crcs, new_fd = await self._origin.call(
                         self._fetch_job,
                         obj.path,
                         obj.version,
@@ -223,12 +224,13 @@ class Fetcher:
                         fd,
                         create,
                         obj.size,
-                        attempts,
-                        limiter=self._origin.limiter,
+                        what=f"read {obj.path}",
+                        op="read",
+                        abandon=False,  # it may be writing the cache file
+                        marks_down=True,
                     )
                 finally:
                     obj.io -= 1
-                    self._origin.record("read", attempts)  # the thread has ended
                     if create:
                         if new_fd >= 0:
                             obj.fd, obj.file_created = new_fd, True
@@ -274,25 +276,11 @@ class Fetcher:
         fd: int,
         create: str,
         size: int,
-        attempts: list[tuple[float, bool]],
     ) -> tuple[bytes, array[int] | None, int]:
-        """Worker thread: read a range from the origin (retrying transient errors), then
-        checksum it and write it into the cache file — ``fd``, or a new file at ``create``
-        (of ``size`` bytes) whose descriptor is returned; neither: do not store. Each origin
-        request's (seconds, failed) is appended to ``attempts``."""
-        sync = self._origin.sync
-
-        def attempt() -> bytes:
-            t0 = perf_counter()
-            try:
-                out = sync.read_range(path, start, n, version)
-            except BaseException:
-                attempts.append((perf_counter() - t0, True))
-                raise
-            attempts.append((perf_counter() - t0, False))
-            return out
-
-        data = retry(attempt, attempts=self._origin.attempts, what=f"read {path}")
+        """Worker thread, one attempt: read a range from the origin, then checksum it and
+        write it into the cache file — ``fd``, or a new file at ``create`` (of ``size``
+        bytes) whose descriptor is returned; neither: do not store."""
+        data = self._origin.sync.read_range(path, start, n, version)
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
         new_fd = -1

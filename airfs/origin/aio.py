@@ -21,7 +21,7 @@ import functools
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from time import perf_counter
 from typing import Any, TypeVar
@@ -104,9 +104,13 @@ class AsyncOrigin:
         abandon: bool = True,
         fast: bool = False,
         attempts: int | None = None,
+        marks_down: bool | None = None,
     ) -> T:
         """Run ``fn(*args)`` in a worker thread, retrying transient errors (see the module
-        docstring for ``fast`` and ``abandon``)."""
+        docstring for ``fast`` and ``abandon``). ``marks_down``: whether a last transient
+        failure makes the origin "down" for ``fast`` calls (default: ``abandon``, as reads
+        decide it and a failing upload alone does not)."""
+        down = abandon if marks_down is None else marks_down
         tries = self.attempts if attempts is None else attempts
         delay: float = self.base_delay
         job = functools.partial(fn, *args)
@@ -126,7 +130,7 @@ class AsyncOrigin:
                     self._down_until = 0.0
                     raise
                 if attempt == tries or (fast and attempt >= 2):
-                    if abandon:  # reads decide "down"; a failing upload alone does not
+                    if down:
                         self._down_until = time.monotonic() + self.down_for
                     raise
                 self._retries[op] += 1
@@ -142,19 +146,6 @@ class AsyncOrigin:
             await trio.sleep(random.uniform(0, delay))
             delay = min(self.max_delay, delay * 2)
         raise AssertionError("unreachable")
-
-    def record(self, op: str, attempts: Sequence[tuple[float, bool]]) -> None:
-        """Count the attempts of one ``op`` call made without :meth:`call` (the block cache's
-        range reads, which run their own worker-thread job): ``(seconds, failed)`` per attempt,
-        in order; every attempt but the first is a retry. Call it on the trio loop."""
-        for i, (dt, failed) in enumerate(attempts):
-            self._calls[op] += 1
-            if i:
-                self._retries[op] += 1
-            if failed:
-                self._errors[op] += 1
-            self._seconds[op] += dt
-            self._latency.observe(op, dt)
 
     def statistics(self) -> OriginStats:
         return OriginStats(

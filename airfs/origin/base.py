@@ -8,7 +8,8 @@ semantics so that a directory and an S3-compatible bucket fit behind one interfa
   object has a new tag, which is what keeps cached bytes from ever being served stale;
 * :meth:`Origin.put` is atomic: a reader sees the old object or the whole new one, never a mix;
 * errors are typed (:class:`NotFound`, :class:`Exists`, ...), each carrying the errno the
-  filesystem returns for it; :class:`Transient` errors may be retried (:func:`retry`).
+  filesystem returns for it; :class:`Transient` errors may be retried (by
+  :meth:`airfs.origin.aio.AsyncOrigin.call`, the one retry policy).
 
 Implementations are *synchronous* and thread-safe: the filesystem core calls them from worker
 threads (``trio.to_thread.run_sync`` with a ``CapacityLimiter``), never on the trio loop.
@@ -19,8 +20,6 @@ from __future__ import annotations
 import enum
 import errno
 import logging
-import random
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -365,33 +364,6 @@ class Origin(Protocol):
 
 
 T = TypeVar("T")
-
-
-def retry(
-    fn: Callable[[], T],
-    *,
-    attempts: int = 5,
-    base_delay: float = 0.1,
-    max_delay: float = 5.0,
-    what: str = "origin call",
-    sleep: Callable[[float], None] = time.sleep,
-) -> T:
-    """Call ``fn`` until it succeeds, retrying :class:`Transient` errors with jittered
-    exponential backoff. Non-transient errors and the last transient one propagate.
-
-    Blocking (it sleeps): call it from a worker thread.
-    """
-    delay = base_delay
-    for attempt in range(1, attempts + 1):
-        try:
-            return fn()
-        except OriginError as exc:
-            if not exc.transient or attempt == attempts:
-                raise
-            log.warning("%s failed (attempt %d/%d): %s", what, attempt, attempts, exc)
-        sleep(random.uniform(0, delay))
-        delay = min(max_delay, delay * 2)
-    raise AssertionError("unreachable")
 
 
 def check_rename_target(

@@ -19,11 +19,11 @@ import trio
 from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
 from airfs.cache.index import check_lmdb_file
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Conflict
+from airfs.origin.base import Conflict, Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin
 from airfs.readpath import ObjectRef
-from airfs.testing.memory import MemoryOrigin
+from airfs.testing.memory import FaultyOrigin, MemoryOrigin
 
 KiB, MiB = 1 << 10, 1 << 20
 SMALL = {"block_size": 64 * KiB, "checksum_chunk": 16 * KiB}
@@ -618,3 +618,43 @@ async def test_damaged_index_is_refused_with_its_path_and_set_aside(tmp_path: Pa
     async with cached(mo, tmp_path) as rp:
         assert await read_all(rp, ref(mo, "f")) == blob(200 * KiB)
         assert rp.statistics().origin_bytes_read == 200 * KiB
+
+
+async def test_a_cache_fetch_backing_off_holds_no_origin_slot(tmp_path: Path) -> None:
+    """Issue 11's one retry policy: a block-cache fetch whose origin read fails transiently
+    waits for its retry on the trio loop, outside the origin's limiter (it used to sleep in
+    its worker thread, so an outage filled every origin slot with sleeping fetches). With a
+    single slot, a stat sent while the fetch keeps failing gets the slot: it completes, and
+    only then can the read succeed."""
+    mem = MemoryOrigin()
+    mem.put_bytes("f", b"x" * 100_000)
+    mem.put_bytes("g", b"g")
+    faulty = FaultyOrigin(mem)
+    ao = AsyncOrigin(faulty, concurrency=1, attempts=6, base_delay=0.5, max_delay=0.5)  # type: ignore[arg-type]
+    e = mem.stat("f")
+    order: list[str] = []
+    failures = [0]
+
+    def flaky() -> Transient:
+        failures[0] += 1
+        return Transient("origin unreachable (test)")
+
+    async with CachedReadPath.running(ao, str(tmp_path / "c"), cache_size=1 << 30) as rp:
+        faulty.fail["read_range"] = flaky
+        r = rp.open(ObjectRef("f", e.version, e.size))
+
+        async def read() -> None:
+            assert await r.read(0, 4096) == b"x" * 4096
+            order.append("read")
+
+        async with trio.open_nursery() as n:
+            n.start_soon(read)
+            with trio.fail_after(10):
+                while failures[0] == 0:  # the fetch failed and is backing off
+                    await trio.sleep(0.005)
+            assert (await ao.stat("g")).size == 1
+            order.append("stat")
+            faulty.fail.pop("read_range")
+        r.close()
+    assert order == ["stat", "read"]
+    assert ao.statistics().retries["read"] >= 1
