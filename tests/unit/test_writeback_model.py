@@ -2,7 +2,8 @@
 daemon builds it (:func:`airfs.build.build`), over a memory origin with injected faults.
 
 Steps: write-and-close (with and without ``O_TRUNC``), create with ``O_RDONLY``, a writer kept
-open across other steps (partial rewrites), close, fsync, truncate without a handle, rename
+open across other steps (partial rewrites, and writes long enough to run in a worker thread),
+close, fsync, truncate without a handle, rename
 (over staged, committed and new files), unlink, origin outages, ``flush``, and **crash +
 restart at any step** (all
 in-memory state dropped, rebuilt from the journal and the staging files).
@@ -35,6 +36,7 @@ from airfs.origin.base import Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.testing import corehost as ch
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
+from airfs.writeback.staging import WRITE_HOP_MIN
 from airfs.writeback.uploader import WriteBackStats
 
 PATHS = ("a", "b", "c")
@@ -116,6 +118,18 @@ class WriteBackModel(RuleBasedStateMachine):
         off = len(self.live[path])
         self.host.call(lambda b: b.fs.write(fh, off, data))
         self.live[path] += data
+
+    @precondition(lambda self: self.writer is not None)
+    @rule(fill=hs.integers(0, 255), at=hs.integers(0, 100))
+    def write_long(self, fill: int, at: int) -> None:
+        """A write long enough to run in a worker thread (the in-flight path)."""
+        assert self.writer is not None
+        path, fh = self.writer
+        data = bytes([fill]) * WRITE_HOP_MIN
+        self.host.call(lambda b: b.fs.write(fh, at, data))
+        old = self.live[path]
+        old += b"\0" * max(0, at - len(old))
+        self.live[path] = old[:at] + data + old[at + len(data) :]
 
     @precondition(lambda self: self.writer is not None)
     @rule()
