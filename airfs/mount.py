@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from airfs import memdebug
 from airfs.build import build
 from airfs.catalog.model import RESERVED
 from airfs.catalog.service import CatalogService
@@ -518,6 +519,8 @@ class Daemon:
                 nursery.start_soon(self.prefetcher.run)
                 if serve_metrics is not None:
                     nursery.start_soon(serve_metrics)
+                if os.environ.get(memdebug.ENV):  # a debugging hook: see airfs/memdebug.py
+                    nursery.start_soon(memdebug.serve, self._components(), os.environ[memdebug.ENV])
                 log.info(
                     "mounted %s on %s (cache %s)", self.origin.url, cfg.mountpoint, cfg.cache_dir
                 )
@@ -536,6 +539,18 @@ class Daemon:
         finally:
             transport.close()
         return code
+
+    def _components(self) -> dict[str, Any]:
+        """The daemon's running parts, by name (for :mod:`airfs.memdebug`)."""
+        return {
+            "fs": self.fs,
+            "readpath": self.readpath,
+            "area": self.area,
+            "uploader": self.uploader,
+            "origin": self.origin,
+            "prefetcher": self.prefetcher,
+            "transport": self.transport,
+        }
 
     def metrics_snapshot(self) -> Snapshot:
         """Every component's statistics record, for the metrics endpoint."""
