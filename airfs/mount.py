@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from airfs import memdebug
+from airfs import heap, memdebug
 from airfs.build import build
 from airfs.catalog.model import RESERVED
 from airfs.catalog.service import CatalogService
@@ -501,6 +501,10 @@ class Daemon:
         control = ControlServer(self, socket_path(cfg.mountpoint))
         serve_metrics = await self._metrics_server()
         try:
+            trim_idle_s = heap.trim_idle_seconds()
+        except ValueError as exc:
+            raise MountError(str(exc)) from None
+        try:
             transport.mount(cfg.mountpoint)
         except TransportError as exc:
             raise MountError(str(exc)) from None
@@ -519,6 +523,7 @@ class Daemon:
                 nursery.start_soon(self.prefetcher.run)
                 if serve_metrics is not None:
                     nursery.start_soon(serve_metrics)
+                nursery.start_soon(heap.trim_when_idle, self._activity, trim_idle_s)
                 if os.environ.get(memdebug.ENV):  # a debugging hook: see airfs/memdebug.py
                     nursery.start_soon(memdebug.serve, self._components(), os.environ[memdebug.ENV])
                 log.info(
@@ -539,6 +544,13 @@ class Daemon:
         finally:
             transport.close()
         return code
+
+    def _activity(self) -> int:
+        """A counter that moves while the mount works: requests served, commits, bytes read
+        from the origin (what :func:`airfs.heap.trim_when_idle` watches)."""
+        wb = self.uploader.statistics()
+        read = self.readpath.statistics().origin_bytes_read or 0
+        return sum(self.fs.ops.values()) + wb.committed_files + wb.uploading + read
 
     def _components(self) -> dict[str, Any]:
         """The daemon's running parts, by name (for :mod:`airfs.memdebug`)."""
@@ -692,6 +704,7 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
     try:
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
+        heap.limit_arenas()  # before any worker thread: see airfs/heap.py
         return trio.run(Daemon(cfg).run, ready)
     except Exception as exc:
         leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself
