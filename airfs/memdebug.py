@@ -9,7 +9,7 @@ mount time and, on each ``SIGUSR2``, appends a report to ``DIR/memory-<pid>.txt`
 * the ``tracemalloc`` lines that grew most since the previous report (and the total traced);
 * live objects counted by type (``gc.get_objects()``), with the change since the last report;
 * the sizes of every sized attribute (dicts, lists, sets...) of the daemon's components and of
-  the objects they hold, one level down, with the change since the last report.
+  the objects they hold, two levels down, with the change since the last report.
 
 Taking a report walks the heap on the trio thread: it pauses the mount for a moment. The hook
 costs nothing when the variable is unset (tracemalloc itself slows the daemon when it is set).
@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import gc
+import linecache
 import os
 import signal
 import time
@@ -68,8 +69,8 @@ def vm_status(pid: int | None = None) -> dict[str, int]:
 
 
 def sizes(components: Mapping[str, object]) -> dict[str, int]:
-    """``len()`` of every sized attribute of each component and of each object a component
-    holds (one level down), keyed ``component.attr`` / ``component.attr.attr``."""
+    """``len()`` of every sized attribute of each component and of the objects it holds, two
+    levels down, keyed ``component.attr``, ``component.attr.attr``..."""
     out: dict[str, int] = {}
 
     def walk(prefix: str, obj: object, depth: int, seen: set[int]) -> None:
@@ -143,6 +144,7 @@ class MemoryReporter:
         self._sizes = now
         with open(self.path, "a", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n\n")
+        linecache.clearcache()  # the source lines read for this report are not the daemon's
 
 
 async def serve(components: Mapping[str, Any], directory: str) -> None:
