@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from airfs import heap, memdebug
 from airfs.build import build
 from airfs.catalog.model import RESERVED
 from airfs.catalog.service import CatalogService
@@ -500,6 +501,10 @@ class Daemon:
         control = ControlServer(self, socket_path(cfg.mountpoint))
         serve_metrics = await self._metrics_server()
         try:
+            trim_idle_s = heap.trim_idle_seconds()
+        except ValueError as exc:
+            raise MountError(str(exc)) from None
+        try:
             transport.mount(cfg.mountpoint)
         except TransportError as exc:
             raise MountError(str(exc)) from None
@@ -518,6 +523,9 @@ class Daemon:
                 nursery.start_soon(self.prefetcher.run)
                 if serve_metrics is not None:
                     nursery.start_soon(serve_metrics)
+                nursery.start_soon(heap.trim_when_idle, self._activity, trim_idle_s)
+                if os.environ.get(memdebug.ENV):  # a debugging hook: see airfs/memdebug.py
+                    nursery.start_soon(memdebug.serve, self._components(), os.environ[memdebug.ENV])
                 log.info(
                     "mounted %s on %s (cache %s)", self.origin.url, cfg.mountpoint, cfg.cache_dir
                 )
@@ -536,6 +544,25 @@ class Daemon:
         finally:
             transport.close()
         return code
+
+    def _activity(self) -> int:
+        """A counter that moves while the mount works: requests served, commits, bytes read
+        from the origin (what :func:`airfs.heap.trim_when_idle` watches)."""
+        wb = self.uploader.statistics()
+        read = self.readpath.statistics().origin_bytes_read or 0
+        return sum(self.fs.ops.values()) + wb.committed_files + wb.uploading + read
+
+    def _components(self) -> dict[str, Any]:
+        """The daemon's running parts, by name (for :mod:`airfs.memdebug`)."""
+        return {
+            "fs": self.fs,
+            "readpath": self.readpath,
+            "area": self.area,
+            "uploader": self.uploader,
+            "origin": self.origin,
+            "prefetcher": self.prefetcher,
+            "transport": self.transport,
+        }
 
     def metrics_snapshot(self) -> Snapshot:
         """Every component's statistics record, for the metrics endpoint."""
@@ -678,6 +705,7 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
     try:
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
+        heap.limit_arenas()  # before any worker thread: see airfs/heap.py
         return trio.run(Daemon(cfg).run, ready)
     except Exception as exc:
         leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself

@@ -85,6 +85,15 @@ class ReadPath(Protocol):
         """A frozen snapshot of the read path's state and counters."""
         ...
 
+    def discard(self, path: str, keep: str | None = None) -> int:
+        """The origin no longer has the versions of ``path`` other than ``keep`` (None: the
+        path itself is gone: deleted or renamed away). A cache forgets them — what nobody
+        reads at once, what is being read (a file unlinked while open) after its last
+        reader — so that what it holds in memory follows the files that exist. Readers open
+        on those versions keep working. Returns how many versions were forgotten at once.
+        Called by the core on the loop; never blocks."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -113,6 +122,9 @@ class DirectReadPath:
         return _DirectReader(self._origin, obj)
 
     async def warm(self, obj: ObjectRef) -> int:
+        return 0
+
+    def discard(self, path: str, keep: str | None = None) -> int:
         return 0
 
     def statistics(self) -> DirectStatistics:

@@ -30,7 +30,7 @@ from .objects import ObjectTable
 from .persist import IndexKeeper
 from .store import CachedObject, read_verify
 
-__all__ = ["BackingFiles", "LocalFile"]
+__all__ = ["BackingFiles", "LocalFile", "Verified"]
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,11 @@ class Verified:
     def matches(self, name: str, st: os.stat_result) -> bool:
         return self.records.get(name) == (st.st_size, st.st_ctime_ns)
 
+    def forget(self, name: str) -> None:
+        """The file ``name`` is being deleted: drop its record from memory (the file's lines
+        go at the next :meth:`load`'s compaction)."""
+        self.records.pop(name, None)
+
     def add(self, name: str, st: os.stat_result) -> None:
         """Record ``name`` as verified in state ``st`` (blocking: one appended line)."""
         self.records[name] = (st.st_size, st.st_ctime_ns)
@@ -109,12 +114,15 @@ class BackingFiles:
         keeper: IndexKeeper,
         io_limiter: trio.CapacityLimiter,
         warm: Callable[[CachedObject], Awaitable[int]],
+        verified: Verified | None = None,
     ) -> None:
+        """``verified``: the records to use (the cache passes the ones its table's
+        ``on_dropped`` prunes); a fresh :class:`Verified` of ``cache_dir`` by default."""
         self._table = table
         self._keeper = keeper
         self._limiter = io_limiter
         self._warm = warm
-        self.verified = Verified(cache_dir)
+        self.verified = verified if verified is not None else Verified(cache_dir)
         #: counters for ``airfs status``
         self.verifications = 0
         self.verify_failures = 0

@@ -45,7 +45,7 @@ import trio
 from ..origin.aio import AsyncOrigin
 from ..prefetch import Stream
 from ..readpath import ObjectRef
-from .backing import BackingFiles, LocalFile
+from .backing import BackingFiles, LocalFile, Verified
 from .evict import SpaceLimit
 from .fetch import Fetcher
 from .hits import HitReader
@@ -163,6 +163,7 @@ class CachedReadPath:
         self._seek_tolerance = seek_tolerance
         io_limiter = trio.CapacityLimiter(16)
         self.stats = Counters()
+        verified = Verified(self.cache_dir)
         self._table = ObjectTable(
             os.path.join(self.cache_dir, "data"),
             block_size=block_size,
@@ -170,6 +171,7 @@ class CachedReadPath:
             space=SpaceLimit(self.cache_dir, cache_size, min_free),
             stats=self.stats,
             io_limiter=io_limiter,
+            on_dropped=lambda obj: verified.forget(obj.file_name()),
         )
         self._files = self._table.files
         self._keeper = IndexKeeper(
@@ -186,7 +188,7 @@ class CachedReadPath:
         )
         self._budget = self._fetcher.budget
         self.backing = BackingFiles(
-            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm
+            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm, verified
         )
         self._readers: set[CachedReader] = set()
         hits = HitReader(self._table, self.stats)
@@ -339,6 +341,14 @@ class CachedReadPath:
         finally:
             cobj.pins -= 1
             self._table.maybe_release(cobj)
+
+    def discard(self, path: str, keep: str | None = None) -> int:
+        """See :meth:`airfs.readpath.ReadPath.discard`: the cached versions of ``path`` other
+        than ``keep`` leave the table (at once, or at their last release when in use) and
+        their files are deleted. Returns how many left at once. Never blocks."""
+        if not self._running:
+            return 0
+        return self._table.discard_path(path, keep)
 
     async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
         """The complete, verified cache file of ``obj``, pinned until its ``release`` (None

@@ -5,8 +5,11 @@ tell the index writer (:mod:`airfs.cache.persist`) what changed. Every change to
 goes through it: a fetch reserves room (:meth:`ObjectTable.reserve`, evicting to make it: see
 :mod:`airfs.cache.evict`) and commits blocks (:meth:`ObjectTable.commit`), a checksum failure
 marks blocks absent (:meth:`ObjectTable.corrupt`), an object nobody uses and that holds nothing
-is forgotten (:meth:`ObjectTable.maybe_release`). Invariant: ``used`` is the sum of the
-``cached`` bytes of the objects in the table plus the reservations of fetches in flight.
+is forgotten (:meth:`ObjectTable.maybe_release`), and so are the versions the origin no longer
+has at their path (:meth:`ObjectTable.discard_path`: the table holds only what can still be
+read, so its size follows the files that exist, not every file ever seen). Invariant: ``used``
+is the sum of the ``cached`` bytes of the objects in the table plus the reservations of fetches
+in flight.
 
 Everything here runs on the trio loop and never blocks: file deletions and hole punches are
 queued to :class:`~airfs.cache.files.CacheFiles`.
@@ -18,7 +21,7 @@ import logging
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import trio
 
@@ -49,8 +52,12 @@ class ObjectTable:
         space: SpaceLimit,
         stats: Counters,
         io_limiter: trio.CapacityLimiter,
+        on_dropped: Callable[[CachedObject], None] | None = None,
     ) -> None:
+        """``on_dropped(obj)`` is called for every object forgotten (evicted, released empty,
+        discarded as stale), on the loop, before its file is queued for deletion."""
         self.block_size = block_size
+        self._on_dropped = on_dropped
         self.chunk_size = chunk_size
         self.space = space
         self.stats = stats
@@ -101,7 +108,9 @@ class ObjectTable:
             if not obj.busy():
                 self.drop(obj, evicted=False)
                 obj = None
-        if obj is None:
+        if obj is not None:
+            obj.stale = False  # wanted again: this version is (again) what the path holds
+        else:
             self.gen += 1
             obj = CachedObject(
                 key, ref.path, ref.version, ref.size, self.gen, self.block_size, self.chunk_size,
@@ -117,6 +126,26 @@ class ObjectTable:
             other = self.objects[key]
             if other is not obj and not other.readers:
                 self.objects.move_to_end(key, last=False)
+
+    def discard_path(self, path: str, keep: str | None = None) -> int:
+        """The origin no longer has the versions of ``path`` other than ``keep`` (None: the
+        path is gone): forget them. An object nobody uses is dropped now (its file deleted in
+        the background); one in use (an open handle of a file unlinked while open, a pinned
+        backing file, a fetch) is marked stale, still served, and dropped at its last release
+        (:meth:`maybe_release`). Returns how many were dropped now. Cost: the versions of
+        ``path`` only."""
+        dropped = 0
+        for key in list(self.by_path.get(path, ())):
+            obj = self.objects[key]
+            if obj.version == keep:
+                continue
+            if obj.busy():
+                obj.stale = True
+                self.objects.move_to_end(key, last=False)  # first to go if space is needed
+            else:
+                self.drop(obj, evicted=False)
+                dropped += 1
+        return dropped
 
     def touch(self, obj: CachedObject) -> None:
         """``obj`` was used now (most recently used; its new time is persisted)."""
@@ -179,6 +208,9 @@ class ObjectTable:
         """Close the file of an object nobody uses; forget an object with nothing cached."""
         if obj.busy() or obj.dead:
             return
+        if obj.stale:
+            self.drop(obj, evicted=False)
+            return
         self.files.close(obj)
         if obj.cached == 0 and obj.have is not None:
             self.drop(obj, evicted=False)
@@ -230,6 +262,8 @@ class ObjectTable:
         self.dirty_map.discard(key)
         self.deleted.add(key)
         self.mark_dirty()
+        if self._on_dropped is not None:
+            self._on_dropped(obj)
         self.files.queue_unlink(obj)
 
     def evict_blocks(self, obj: CachedObject, blocks: list[int]) -> None:

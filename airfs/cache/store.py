@@ -97,6 +97,7 @@ class CachedObject:
         "punches",
         "readers",
         "size",
+        "stale",
         "version",
     )
 
@@ -137,6 +138,9 @@ class CachedObject:
         self.readers: set[Any] = set()
         self.inflight: dict[int, Any] = {}
         self.dead = False
+        #: the origin no longer has this version at this path (deleted, renamed away,
+        #: replaced): forgotten as soon as nobody uses it (see ObjectTable.discard_path)
+        self.stale = False
         self.loading: Any = None
         self.creating: Any = None  # trio.Event while the cache file is being created
         #: hole punches queued and not done; writes wait for them (``punch_done`` is set then)

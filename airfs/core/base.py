@@ -391,6 +391,7 @@ class CoreBase:
             node.fetched = time.monotonic()
             if node.cached_version == f"staged:{st.id}" and not st.dirty:
                 node.cached_version = entry.version
+        self.readpath.discard(path, keep=entry.version)  # the versions this one replaced
         adopt = getattr(self.readpath, "adopt", None)
         if adopt is not None and not st.dirty and entry.size == st.size <= ADOPT_MAX:
             try:

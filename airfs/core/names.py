@@ -140,6 +140,7 @@ class NameOps(FileOps):
                 if st is None:
                     raise
             self.listings.record(path, None)
+            self.readpath.discard(path)
         self._dir_changed(path)
         node = self.inodes.at(path)
         if node is not None:
@@ -239,6 +240,8 @@ class NameOps(FileOps):
                 self.listings.drop(new)
             if moved_entry is not None:
                 self.listings.record(new, moved_entry)
+            self.readpath.discard(old)
+            self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
         self.listings.record(old, None)
         self.area.notify()
         moved_dir = src_entry is not None and src_entry.kind is Kind.DIR

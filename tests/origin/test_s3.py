@@ -368,3 +368,24 @@ def test_stale_multipart_uploads_are_aborted(seaweed: SeaweedServer) -> None:
     assert o.abort_stale_uploads(older_than_s=0) == 1
     assert o.abort_stale_uploads(older_than_s=0) == 0
     assert other.abort_stale_uploads(older_than_s=0) == 1  # untouched by the first
+
+
+def test_deleted_and_renamed_keys_are_not_remembered(
+    s3_origin_factory: Factory, tmp_path: Path
+) -> None:
+    """The per-key attributes the origin remembers (``_known``, for listings without a HEAD
+    per object) follow the keys that exist: a deleted key or a renamed-away one is forgotten
+    (issue 11, "Memory": rounds of create + delete must not grow the daemon)."""
+    o = s3_origin_factory()
+    before = len(o._known)
+    for i in range(10):
+        put_file(tmp_path, o, f"f{i}", b"x" * i)
+    assert len(o._known) == before + 10
+    for i in range(5):
+        o.delete(f"f{i}")
+    for i in range(5, 10):
+        o.rename(f"f{i}", f"g{i}")
+    assert {p for p in o._known if p.startswith("f")} == set()
+    for i in range(5, 10):
+        o.delete(f"g{i}")
+    assert len(o._known) == before

@@ -110,6 +110,11 @@ class S3Base:
             while len(self._known) > MODE_CACHE_MAX:
                 self._known.popitem(last=False)
 
+    def _forget(self, path: str) -> None:
+        """``path`` is gone (deleted, renamed away): its remembered attributes go too."""
+        with self._known_lock:
+            self._known.pop(path, None)
+
     def _known_meta(
         self, path: str, token: tuple[str, int], *, recent: bool = False
     ) -> Meta | None:

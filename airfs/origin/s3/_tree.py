@@ -96,6 +96,7 @@ class Tree(Reads):
                 obstore.delete(self._store, src)
             except Exception as exc:
                 raise translate(exc, self._where(src)) from None
+            self._forget(src)
         self._keep_parent(src)
 
     def _rename_dir(self, src: str, dst: str) -> None:

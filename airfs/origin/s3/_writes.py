@@ -204,6 +204,7 @@ class Writes(S3Base):
             obstore.delete(self._store, path)
         except Exception as exc:
             raise translate(exc, where) from None
+        self._forget(path)
         self._keep_parent(path)
 
     def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
