@@ -56,16 +56,21 @@ __all__ = ["PathState", "Staged", "StagingArea", "failure_message"]
 #: writes at least this long are made in a worker thread (a shorter one costs less than the
 #: hop: 2 us against ~90 us for 4 KiB here; 33 us for 128 KiB)
 WRITE_HOP_MIN = 64 << 10
+#: empty staging files made at a time, ahead of the creates that use them
+SPARES = 16
 
 log = logging.getLogger(__name__)
 
 
-def _open_new(file: str, path: bytes) -> int:
-    """Create staging file ``file`` (0600) and give it the path it commits to. Blocking."""
-    fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with contextlib.suppress(OSError):  # unsupported on this filesystem: the journal still is
-        os.setxattr(fd, PATH_XATTR, path)
-    return fd
+def _open_spares(directory: str, n: int) -> list[tuple[str, str, int]]:
+    """Create ``n`` empty staging files (0600) in ``directory``: (id, file, fd). Blocking."""
+    out = []
+    for _ in range(n):
+        sid = uuid.uuid4().hex
+        file = os.path.join(directory, sid)
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        out.append((sid, file, fd))
+    return out
 
 
 def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
@@ -120,19 +125,39 @@ class StagingArea:
         #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
         #: the path fails naming them, even when the conflict happened before it started
         self.unreported: list[tuple[str, str]] = []
+        #: empty staging files made ahead (id, file, fd), so that a create needs no thread
+        self._spares: list[tuple[str, str, int]] = []
         #: called with a path whose commit may have become possible (the uploader's queue)
         self.on_ready: Callable[[PathState], None] = lambda ps: None
 
     # -- creation --------------------------------------------------------------------------
 
     async def _new_file(self, path: str) -> Staged:
-        sid = uuid.uuid4().hex
-        file = os.path.join(self.dir, sid)
+        """A new staging file for ``path``: one of the spare empty files, made
+        :data:`SPARES` at a time in a worker thread. Its path attribute (what recovery names
+        the bytes of a file open at a crash by) is queued and lands with the next batch, at
+        most a second later."""
+        if not self._spares:
+            self._spares = await trio.to_thread.run_sync(_open_spares, self.dir, SPARES)
+        sid, file, fd = self._spares.pop()
         raw = path.encode("utf-8", "surrogateescape")
-        fd = await trio.to_thread.run_sync(_open_new, file, raw)
+        self.disk.set_xattr(fd, PATH_XATTR, raw, sid, durable=False)
         st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
         self.all[sid] = st
         return st
+
+    def spare_ids(self) -> set[str]:
+        """The ids (file names) of the spare staging files."""
+        return {sid for sid, _file, _fd in self._spares}
+
+    def close_spares(self) -> None:
+        """Delete the spare staging files (at close; recovery deletes those of a crash)."""
+        spares, self._spares = self._spares, []
+        for _sid, file, fd in spares:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(file)
 
     async def create(self, path: str, base_version: str | None, mode: int) -> Staged:
         """A new, empty file at ``path`` replacing what is staged there (which is
@@ -669,6 +694,7 @@ class StagingArea:
             self.disk.settle_now()
         except OSError as exc:
             log.error("staging: could not write the last journal changes: %s", exc)
+        self.close_spares()
         for st in list(self.all.values()):
             with contextlib.suppress(OSError):
                 os.close(st.fd)

@@ -189,10 +189,9 @@ class Uploader:
         finally:
             self.active -= 1
             self.area.upload_finished(ps, st)
-        try:
-            await self.area.settle()  # the record deleted by the commit, on disk
-        except OSError as exc:
-            log.error("journal: %s (retried every second)", exc)
+        # the commit's journal changes go with the next batch (an operation's, or the
+        # daemon's every second): a crash before leaves a record the next commit recognises
+        # as landed ("the origin already holds these bytes")
 
     async def _commit(self, ps: PathState, st: Staged, path: str) -> Entry:
         """Put ``st`` at ``path``, conditional on the version it replaces where the origin can

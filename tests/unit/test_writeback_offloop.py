@@ -241,7 +241,8 @@ async def test_rewrite_opened_while_the_previous_version_commits(
         st = b.area.get("f")
         assert st is not None
         await held_put.entered_thread()  # its commit is under way, held
-        monkeypatch.setattr(staging, "_open_new", gate.hold(staging._open_new))
+        b.area.close_spares()  # the next new staging file is made in a worker thread
+        monkeypatch.setattr(staging, "_open_spares", gate.hold(staging._open_spares))
         async with trio.open_nursery() as n:
             result: list[int] = []
 
