@@ -229,7 +229,7 @@ class FileOps(CoreBase):
         if st is None:
             st = h.staged
         if st is not None:
-            return os.pread(st.fd, size, offset)
+            return await self.area.read(st, offset, size)
         if h.reader is None:
             raise _err(errno.EIO, "no reader")
         return await h.reader.read(offset, size)

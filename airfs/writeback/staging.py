@@ -343,6 +343,31 @@ class StagingArea:
 
     # -- changes ---------------------------------------------------------------------------
 
+    async def read(self, st: Staged, offset: int, size: int) -> bytes:
+        """Read staged bytes: on the loop when they are all in the page cache
+        (``RWF_NOWAIT``), else in a worker thread. Short at the end of the file."""
+        buf = bytearray(size)
+        view = memoryview(buf)
+        got = 0
+        try:
+            while got < size:
+                n = os.preadv(st.fd, [view[got:]], offset + got, os.RWF_NOWAIT)
+                if n == 0:  # end of file
+                    return bytes(view[:got])
+                got += n
+            return bytes(buf)
+        except BlockingIOError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+        st.refs += 1  # its descriptor stays open meanwhile
+        try:
+            return await trio.to_thread.run_sync(os.pread, st.fd, size, offset)
+        finally:
+            st.refs -= 1
+            self.release(st)
+
     async def write(self, st: Staged, offset: int, data: bytes | memoryview) -> int:
         """Write ``data`` at ``offset`` of ``st`` (in a worker thread from
         :data:`WRITE_HOP_MIN` bytes). While it is in flight ``st`` is changed (its
