@@ -40,15 +40,16 @@ import itertools
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Iterable
 
 import trio
 
 from airfs.pathindex import PathDict
 
+from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
 from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
+from .stagefiles import copy_file, open_spares, pwrite_all, read_cached
 from .versions import PathState, Staged
 
 __all__ = ["PathState", "Staged", "StagingArea", "failure_message"]
@@ -60,42 +61,6 @@ WRITE_HOP_MIN = 64 << 10
 SPARES = 16
 
 log = logging.getLogger(__name__)
-
-
-def _open_spares(directory: str, n: int) -> list[tuple[str, str, int]]:
-    """Create ``n`` empty staging files (0600) in ``directory``: (id, file, fd). Blocking."""
-    out = []
-    for _ in range(n):
-        sid = uuid.uuid4().hex
-        file = os.path.join(directory, sid)
-        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        out.append((sid, file, fd))
-    return out
-
-
-def _pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
-    view = memoryview(data)
-    done = 0
-    while done < len(view):
-        done += os.pwrite(fd, view[done:], offset + done)
-    return done
-
-
-def _copy_file(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes of ``src`` into empty ``dst`` (in the kernel where possible)."""
-    off = 0
-    while off < size:
-        try:
-            n = os.copy_file_range(src, dst, min(64 << 20, size - off), off, off)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            data = os.pread(src, min(8 << 20, size - off), off)
-            n = os.pwrite(dst, data, off) if data else 0
-        if n == 0:
-            break
-        off += n
-    os.ftruncate(dst, size)
 
 
 class StagingArea:
@@ -138,7 +103,7 @@ class StagingArea:
         the bytes of a file open at a crash by) is queued and lands with the next batch, at
         most a second later."""
         if not self._spares:
-            self._spares = await trio.to_thread.run_sync(_open_spares, self.dir, SPARES)
+            self._spares = await trio.to_thread.run_sync(open_spares, self.dir, SPARES)
         sid, file, fd = self._spares.pop()
         raw = path.encode("utf-8", "surrogateescape")
         self.disk.set_xattr(fd, PATH_XATTR, raw, sid, durable=False)
@@ -197,7 +162,7 @@ class StagingArea:
             try:
                 if copy and st.size:
                     await self.reserve(new, st.size, 0)
-                    await trio.to_thread.run_sync(_copy_file, st.fd, new.fd, st.size)
+                    await trio.to_thread.run_sync(copy_file, st.fd, new.fd, st.size)
                     new.size = st.size
                     self.bytes += self._allocated(new)
             except BaseException:
@@ -346,21 +311,9 @@ class StagingArea:
     async def read(self, st: Staged, offset: int, size: int) -> bytes:
         """Read staged bytes: on the loop when they are all in the page cache
         (``RWF_NOWAIT``), else in a worker thread. Short at the end of the file."""
-        buf = bytearray(size)
-        view = memoryview(buf)
-        got = 0
-        try:
-            while got < size:
-                n = os.preadv(st.fd, [view[got:]], offset + got, os.RWF_NOWAIT)
-                if n == 0:  # end of file
-                    return bytes(view[:got])
-                got += n
-            return bytes(buf)
-        except BlockingIOError:
-            pass
-        except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                raise
+        data = read_cached(st.fd, offset, size)
+        if data is not None:
+            return data
         st.refs += 1  # its descriptor stays open meanwhile
         try:
             return await trio.to_thread.run_sync(os.pread, st.fd, size, offset)
@@ -378,7 +331,7 @@ class StagingArea:
             n = os.pwrite(st.fd, data, offset)
         else:
             st.touch()
-            n = await self._in_flight(st, _pwrite_all, st.fd, data, offset)
+            n = await self._in_flight(st, pwrite_all, st.fd, data, offset)
         end = offset + n
         if end > st.size:
             self.bytes += end - st.size
@@ -661,54 +614,8 @@ class StagingArea:
         targets: list[tuple[Staged, int]],
         on_progress: Callable[[dict[str, object]], None] | None = None,
     ) -> int:
-        """Ask for each ``(staged, generation)`` to be committed and wait for all of them (a
-        version replaced by a newer one is followed to it). Raises ``OSError`` (EIO) naming
-        the files that cannot be committed (a non-transient failure) or that lost a
-        conflict, with where their bytes are kept; waits through transient failures (cancel
-        the caller to give up). Returns the count."""
-        start = {st.id: st.attempts for st, _ in targets}
-        for st, _gen in targets:
-            if st.error is not None:
-                st.next_try = 0.0  # a barrier makes a fresh attempt at once
-            st.urgent = True
-            if st.ps is not None:
-                self.on_ready(st.ps)
-        last = 0.0
-        while True:
-            ev = self.change_event()
-            now_targets = []
-            for st, g in targets:
-                while (nxt := st.replaced_by) is not None:
-                    st, g = nxt, nxt.journaled_gen or nxt.gen
-                    st.urgent = True
-                    start.setdefault(st.id, st.attempts)
-                now_targets.append((st, g))
-            lost = [st for st, _ in now_targets if st.conflict is not None]
-            left = [
-                (st, g)
-                for st, g in now_targets
-                if st.path is not None and st.committed_gen < g and st.conflict is None
-            ]
-            hard = [st for st, _ in left if st.failed_since(start[st.id])]
-            if hard or (lost and not left):
-                for st in lost:
-                    if st.conflict in self.unreported:
-                        self.unreported.remove(st.conflict)
-                raise OSError(errno.EIO, _failure(hard, lost))
-            if not left:
-                return len(targets)
-            now = time.monotonic()
-            if on_progress is not None and now - last >= 0.5:
-                last = now
-                on_progress(
-                    {
-                        "left": len(left),
-                        "total": len(targets),
-                        "bytes_left": sum(s.size for s, _ in left),
-                    }
-                )
-            with trio.move_on_after(1.0):
-                await ev.wait()
+        """See :func:`airfs.writeback.barrier.wait_committed`."""
+        return await wait_committed(self, targets, on_progress)
 
     def pending(self) -> list[Staged]:
         return [st for st in self.all.values() if st.dirty and st.path is not None]
@@ -724,22 +631,3 @@ class StagingArea:
             with contextlib.suppress(OSError):
                 os.close(st.fd)
         self.journal.close()
-
-
-def _failure(hard: list[Staged], lost: list[Staged]) -> str:
-    return failure_message(hard, [c for st in lost if (c := st.conflict)])
-
-
-def failure_message(hard: list[Staged], conflicts: list[tuple[str, str]]) -> str:
-    """One line naming what a barrier could not commit and where lost bytes are kept."""
-    parts = []
-    if conflicts:
-        kept = "; ".join(f"{path} -> {copy}" for path, copy in conflicts[:5])
-        parts.append(
-            f"{len(conflicts)} file(s) lost a conflict with another version at the origin; "
-            f"their bytes are kept: {kept}"
-        )
-    if hard:
-        names = ", ".join(str(st.path) for st in hard[:5])
-        parts.append(f"{len(hard)} file(s) cannot be committed ({names}): {hard[0].error}")
-    return "; ".join(parts)

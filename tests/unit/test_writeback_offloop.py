@@ -71,7 +71,7 @@ async def test_a_long_write_runs_while_the_loop_serves(
     mem = MemoryOrigin()
     mem.put_bytes("other", b"hello")
     gate = Gate()
-    monkeypatch.setattr(staging, "_pwrite_all", gate.hold(staging._pwrite_all))
+    monkeypatch.setattr(staging, "pwrite_all", gate.hold(staging.pwrite_all))
     async with core(tmp_path, mem) as b:
         fh = await ch.open_file(b, "big", os.O_WRONLY | os.O_CREAT)
         async with trio.open_nursery() as n:
@@ -93,7 +93,7 @@ async def test_fsync_waits_for_a_write_in_flight_and_commits_it(
     bytes are in what is journaled and committed (never a closed version written late)."""
     mem = MemoryOrigin()
     gate = Gate()
-    monkeypatch.setattr(staging, "_pwrite_all", gate.hold(staging._pwrite_all))
+    monkeypatch.setattr(staging, "pwrite_all", gate.hold(staging.pwrite_all))
     async with core(tmp_path, mem) as b:
         fh1 = await ch.open_file(b, "f", os.O_WRONLY | os.O_CREAT)
         await b.fs.write(fh1, 0, b"head")  # short: on the loop
@@ -242,7 +242,7 @@ async def test_rewrite_opened_while_the_previous_version_commits(
         assert st is not None
         await held_put.entered_thread()  # its commit is under way, held
         b.area.close_spares()  # the next new staging file is made in a worker thread
-        monkeypatch.setattr(staging, "_open_spares", gate.hold(staging._open_spares))
+        monkeypatch.setattr(staging, "open_spares", gate.hold(staging.open_spares))
         async with trio.open_nursery() as n:
             result: list[int] = []
 

@@ -1,0 +1,69 @@
+"""Blocking file work of the staging area, run in worker threads (or, for
+:func:`read_cached`, on the loop because it never waits for the disk)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+
+__all__ = ["copy_file", "open_spares", "pwrite_all", "read_cached"]
+
+
+def open_spares(directory: str, n: int) -> list[tuple[str, str, int]]:
+    """Create ``n`` empty staging files (0600) in ``directory``: (id, file, fd). Blocking."""
+    out = []
+    for _ in range(n):
+        sid = uuid.uuid4().hex
+        file = os.path.join(directory, sid)
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        out.append((sid, file, fd))
+    return out
+
+
+def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
+    """Write all of ``data`` at ``offset``. Blocking."""
+    view = memoryview(data)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done:], offset + done)
+    return done
+
+
+def copy_file(src: int, dst: int, size: int) -> None:
+    """Copy ``size`` bytes of ``src`` into empty ``dst`` (in the kernel where possible)."""
+    off = 0
+    while off < size:
+        try:
+            n = os.copy_file_range(src, dst, min(64 << 20, size - off), off, off)
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            data = os.pread(src, min(8 << 20, size - off), off)
+            n = os.pwrite(dst, data, off) if data else 0
+        if n == 0:
+            break
+        off += n
+    os.ftruncate(dst, size)
+
+
+def read_cached(fd: int, offset: int, size: int) -> bytes | None:
+    """``size`` bytes at ``offset`` (fewer at the end of the file) if they are all in the
+    page cache, else None (the caller reads in a worker thread). Never waits for the disk
+    (``RWF_NOWAIT``)."""
+    buf = bytearray(size)
+    view = memoryview(buf)
+    got = 0
+    try:
+        while got < size:
+            n = os.preadv(fd, [view[got:]], offset + got, os.RWF_NOWAIT)
+            if n == 0:  # end of file
+                return bytes(view[:got])
+            got += n
+    except BlockingIOError:
+        return None
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+            return None
+        raise
+    return bytes(buf)
