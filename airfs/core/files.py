@@ -243,6 +243,10 @@ class FileOps(CoreBase):
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))
         await self.area.reserve(st, end, self.write_wait_s)
+        if st.closed_version or st.uploading:
+            # journaled (an fsync, a close of another descriptor) while we waited for space:
+            # its bytes stay as journaled, the write goes to a new version
+            st = await self._writable(h)
         return await self.area.write(st, offset, data)
 
     @counted

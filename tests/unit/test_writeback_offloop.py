@@ -263,3 +263,56 @@ async def test_rewrite_opened_while_the_previous_version_commits(
         assert await ch.read(b, "f") == b"ab23456789"
         await b.uploader.flush("")
         assert mem.read_range("f", 0, 100) == b"ab23456789"
+
+
+class PathGates(MemoryOrigin):
+    """A memory origin whose put of a path waits while a gate is set for it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: dict[str, Gate] = {}
+
+    def put(self, path: str, source: str, *args: Any, **kwargs: Any) -> Any:
+        gate = self.gates.get(path)
+        if gate is not None:
+            gate.entered.set()
+            gate.ev.wait()
+        return super().put(path, source, *args, **kwargs)
+
+
+async def test_a_write_waiting_for_space_never_lands_in_a_version_being_committed(
+    tmp_path: Path,
+) -> None:
+    """A write waiting for staging space while another descriptor's fsync journals the file
+    and its upload starts: when space frees, the write goes to a new version (it used to be
+    made into the version being uploaded: EIO from the daemon's guard, or a torn commit)."""
+    mem = PathGates()
+    big, f = Gate(), Gate()
+    mem.gates = {"big": big, "f": f}
+    async with build(mem, str(tmp_path / "cache"), ttl=0.05, staging_size=256 << 10) as b:
+        await ch.write_file(b, "big", b"B" * (200 << 10))  # its commit held: 200 KiB staged
+        await big.entered_thread()
+        fh1 = await ch.open_file(b, "f", os.O_WRONLY | os.O_CREAT)
+        await b.fs.write(fh1, 0, b"a" * 1000)
+        fh2 = await ch.open_file(b, "f", os.O_WRONLY)
+        async with trio.open_nursery() as n:
+            wrote: list[int] = []
+
+            async def write_more() -> None:  # 100 KiB more does not fit until big commits
+                wrote.append(await b.fs.write(fh1, 1000, b"c" * (100 << 10)))
+
+            n.start_soon(write_more)
+            await trio.sleep(0.05)
+            assert not wrote  # waiting for space
+            n.start_soon(b.fs.fsync, fh2)  # journals f and starts its upload
+            await f.entered_thread()
+            big.open()  # space frees; f's upload is still running
+            with trio.fail_after(10):
+                while not wrote:
+                    await trio.sleep(0.005)
+            f.open()
+        assert wrote == [100 << 10]
+        await ch.close(b, fh2)
+        await ch.close(b, fh1)
+        await b.uploader.flush("")
+        assert mem.read_range("f", 0, 1 << 20) == b"a" * 1000 + b"c" * (100 << 10)
