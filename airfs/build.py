@@ -95,6 +95,7 @@ async def build(
         report = recover(area, rebuild=rebuild_journal, hint=journal_hint)
         nursery = await stack.enter_async_context(trio.open_nursery())
         stack.callback(nursery.cancel_scope.cancel)
+        nursery.start_soon(area.run_settler)
         rp = await readpath(aorigin, nursery)
         catalog = CatalogService(origin, ttl, via=aorigin, tmp_dir=cache_dir)
 

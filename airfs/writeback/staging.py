@@ -609,6 +609,17 @@ class StagingArea:
         :meth:`~airfs.writeback.diskq.DiskQueue.settle`; ``sync``: the journal synced too)."""
         await self.disk.settle(sync=sync)
 
+    async def run_settler(self, interval: float = 1.0) -> None:
+        """Forever: every ``interval`` seconds, apply what no operation settled (a commit's
+        journal changes, a batch the journal refused) and sync the journal to disk (power
+        loss). Started by :func:`airfs.build.build`."""
+        while True:
+            await trio.sleep(interval)
+            try:
+                await self.settle(sync=True)
+            except OSError as exc:
+                log.error("journal sync failed: %s", exc)
+
     async def wait_committed(
         self,
         targets: list[tuple[Staged, int]],
