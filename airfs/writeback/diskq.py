@@ -105,12 +105,9 @@ class DiskQueue:
             keys = frozenset([*(r.id for r in p), *d])
             self._put(_JOURNAL, keys, True, puts=p, deletes=d)
 
-    def set_xattr(
-        self, fd: int, name: str, value: bytes, rid: str, *, durable: bool = True
-    ) -> None:
-        """Set attribute ``name`` of staging file ``rid`` (open as ``fd``); with ``durable``
-        False it does not by itself make the operation settle (it goes with the next batch)."""
-        self._put(_SETX, frozenset((fd, rid)), durable, fd=fd, name=name, value=value)
+    def set_xattr(self, fd: int, name: str, value: bytes, rid: str) -> None:
+        """Set attribute ``name`` of staging file ``rid`` (open as ``fd``)."""
+        self._put(_SETX, frozenset((fd, rid)), True, fd=fd, name=name, value=value)
 
     def remove_xattr(self, fd: int, name: str, rid: str) -> None:
         self._put(_RMX, frozenset((fd, rid)), True, fd=fd, name=name)

@@ -6,8 +6,8 @@ Contract (nothing closed is ever silently dropped):
   one path (a rewrite closed while the previous version was being committed) the newer is
   committed, and the older is kept until then to recognise it should it have landed;
 * a staging file with no record (open for writing when the daemon died) is moved to
-  ``recovered/<its path>`` (``recovered/<its id>`` if it died before the path was attached)
-  and reported; an empty one with no path (a spare) is deleted;
+  ``recovered/<its path>`` and reported; an empty one with no path (a spare staging file
+  never used) is deleted;
 * a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
   is missing from the journal means the journal was deleted, emptied or damaged: start is
   refused with :class:`~airfs.writeback.journal.JournalDamaged` naming the way out, unless

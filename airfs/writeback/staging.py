@@ -100,13 +100,13 @@ class StagingArea:
     async def _new_file(self, path: str) -> Staged:
         """A new staging file for ``path``: one of the spare empty files, made
         :data:`SPARES` at a time in a worker thread. Its path attribute (what recovery names
-        the bytes of a file open at a crash by) is queued and lands with the next batch, at
-        most a second later."""
+        the bytes of a file open at a crash by: ``recovered/<path>``) is a durable change:
+        the operation creating it settles before it answers."""
         if not self._spares:
             self._spares = await trio.to_thread.run_sync(open_spares, self.dir, SPARES)
         sid, file, fd = self._spares.pop()
         raw = path.encode("utf-8", "surrogateescape")
-        self.disk.set_xattr(fd, PATH_XATTR, raw, sid, durable=False)
+        self.disk.set_xattr(fd, PATH_XATTR, raw, sid)
         st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
         self.all[sid] = st
         return st
