@@ -12,6 +12,8 @@ writes still pending (they stay in the journal and commit at the next mount).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 
 from airfs.catalog.cli import register as register_catalog
@@ -256,11 +258,17 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``) and run the command; returns its exit code
     (usage errors exit 2 from the parser)."""
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser().parse_args(_join_negative_values(argv))
     try:
+        args = build_parser().parse_args(_join_negative_values(argv))
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # the reader went away (``airfs status MNT | head``): no traceback, and none from the
+        # interpreter flushing stdout at exit either
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports it
 
 
 if __name__ == "__main__":

@@ -244,7 +244,6 @@ async def _serve(d: Daemon, ready: Callable[[str | None], None], root: Entry) ->
                 raise MountError(str(exc.strerror or exc)) from None
             nursery.start_soon(_fuse_main, d)
             nursery.start_soon(_signals, d)
-            nursery.start_soon(_sync_journal, d)
             nursery.start_soon(_abort_stale_uploads, d)
             nursery.start_soon(d.prefetcher.run)
             if serve_metrics is not None:
@@ -335,17 +334,6 @@ async def _abort_stale_uploads(d: Daemon) -> None:
         return
     if n:
         log.info("aborted %d abandoned multipart upload(s) older than an hour", n)
-
-
-async def _sync_journal(d: Daemon) -> None:
-    while True:
-        await trio.sleep(1.0)
-        try:
-            # applies what no operation settled (and retries a batch the journal
-            # refused), then syncs the journal
-            await d.area.settle(sync=True)
-        except OSError as exc:
-            log.error("journal sync failed: %s", exc)
 
 
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:

@@ -214,6 +214,18 @@ def test_status_reports_the_mount(dirs: tuple[Path, Path, Path]) -> None:
         assert p.returncode == 0 and "origin" in p.stdout and str(origin) in p.stdout
         p = run("status", str(origin))
         assert p.returncode == 1 and "not on an airfs mount" in p.stderr
+        # a reader that went away (`airfs status MNT | head`): no traceback, SIGPIPE's code
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            q = subprocess.run(
+                [*AIRFS, "status", str(mnt)], stdout=w, stderr=subprocess.PIPE, text=True,
+                timeout=60,
+            )
+        finally:
+            os.close(w)
+        assert q.returncode == 141 and "Traceback" not in q.stderr, q.stderr
+        assert "BrokenPipe" not in q.stderr, q.stderr
     finally:
         teardown(m)
 
