@@ -22,6 +22,8 @@ import threading
 import uuid
 from collections.abc import Iterator
 
+from airfs.fileutil import copy_sparse
+
 from .base import (
     Capabilities,
     Conflict,
@@ -39,7 +41,6 @@ from .base import (
 from .beneath import open_beneath, parent_of
 
 TMP_PREFIX = ".airfs-tmp-"
-_COPY_CHUNK = 64 << 20
 
 
 def version_of(st: os.stat_result) -> str:
@@ -103,36 +104,6 @@ def _lchown(d: int, name: str, uid: int | None, gid: int | None) -> None:
             dir_fd=d,
             follow_symlinks=False,
         )
-
-
-def _copy_sparse(src: int, dst: int) -> None:
-    """Copy file ``src`` into empty file ``dst`` in the kernel, skipping holes."""
-    size = os.fstat(src).st_size
-    pos = 0
-    while pos < size:
-        try:
-            start = os.lseek(src, pos, os.SEEK_DATA)
-        except OSError as exc:
-            if exc.errno == errno.ENXIO:  # only a hole from here on
-                break
-            raise
-        end = os.lseek(src, start, os.SEEK_HOLE)
-        off_in, off_out = start, start
-        while off_in < end:
-            try:
-                n = os.copy_file_range(src, dst, min(_COPY_CHUNK, end - off_in), off_in, off_out)
-            except OSError as exc:
-                # another filesystem (NFS origin, local cache) or no in-kernel copy: copy here
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                data = os.pread(src, min(8 << 20, end - off_in), off_in)
-                n = os.pwrite(dst, data, off_out) if data else 0
-            if n == 0:
-                break
-            off_in += n
-            off_out += n
-        pos = end
-    os.ftruncate(dst, size)
 
 
 class PosixOrigin:
@@ -369,7 +340,7 @@ class PosixOrigin:
                     fcntl.flock(d, fcntl.LOCK_UN)
                 try:
                     with open(source, "rb") as src:
-                        _copy_sparse(src.fileno(), dst)
+                        copy_sparse(src.fileno(), dst)
                     if mtime_ns is not None:
                         os.utime(dst, ns=(mtime_ns, mtime_ns))
                     os.fsync(dst)

@@ -7,7 +7,7 @@ import errno
 import os
 import uuid
 
-__all__ = ["copy_file", "open_spares", "pwrite_all", "read_cached"]
+__all__ = ["open_spares", "pwrite_all", "read_cached"]
 
 
 def open_spares(directory: str, n: int) -> list[tuple[str, str, int]]:
@@ -28,23 +28,6 @@ def pwrite_all(fd: int, data: bytes | memoryview, offset: int) -> int:
     while done < len(view):
         done += os.pwrite(fd, view[done:], offset + done)
     return done
-
-
-def copy_file(src: int, dst: int, size: int) -> None:
-    """Copy ``size`` bytes of ``src`` into empty ``dst`` (in the kernel where possible)."""
-    off = 0
-    while off < size:
-        try:
-            n = os.copy_file_range(src, dst, min(64 << 20, size - off), off, off)
-        except OSError as exc:
-            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                raise
-            data = os.pread(src, min(8 << 20, size - off), off)
-            n = os.pwrite(dst, data, off) if data else 0
-        if n == 0:
-            break
-        off += n
-    os.ftruncate(dst, size)
 
 
 def read_cached(fd: int, offset: int, size: int) -> bytes | None:

@@ -44,12 +44,13 @@ from collections.abc import Callable, Iterable
 
 import trio
 
+from airfs.fileutil import copy_sparse
 from airfs.pathindex import PathDict
 
 from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
 from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
-from .stagefiles import copy_file, open_spares, pwrite_all, read_cached
+from .stagefiles import open_spares, pwrite_all, read_cached
 from .versions import PathState, Staged
 
 __all__ = ["PathState", "Staged", "StagingArea", "failure_message"]
@@ -161,8 +162,8 @@ class StagingArea:
             new.mode, new.uid, new.gid, new.atime_ns = st.mode, st.uid, st.gid, st.atime_ns
             try:
                 if copy and st.size:
-                    await self.reserve(new, st.size, 0)
-                    await trio.to_thread.run_sync(copy_file, st.fd, new.fd, st.size)
+                    await self.reserve(new, self._allocated(st), 0)  # what it stores, holes aside
+                    await trio.to_thread.run_sync(copy_sparse, st.fd, new.fd, st.size)
                     new.size = st.size
                     self.bytes += self._allocated(new)
             except BaseException:

@@ -316,3 +316,26 @@ async def test_a_write_waiting_for_space_never_lands_in_a_version_being_committe
         await ch.close(b, fh1)
         await b.uploader.flush("")
         assert mem.read_range("f", 0, 1 << 20) == b"a" * 1000 + b"c" * (100 << 10)
+
+
+async def test_reopening_a_closed_sparse_file_copies_only_its_data(tmp_path: Path) -> None:
+    """A closed (journaled) file is never written again: reopening it for writing copies it
+    to a new version. A sparse one (``truncate -s 1T``) used to be copied byte for byte, after
+    reserving its whole size: ENOSPC at once. Its holes now stay holes."""
+    mem = MemoryOrigin()
+    async with build(mem, str(tmp_path / "cache"), ttl=0.05, upload=False) as b:
+        fh = await ch.open_file(b, "sparse", os.O_WRONLY | os.O_CREAT)
+        await b.fs.write(fh, 0, b"head")
+        ino = await ch.lookup(b, "sparse")
+        assert ino is not None
+        await b.fs.setattr(ino, size=1 << 40, fh=fh)
+        await b.fs.write(fh, (1 << 40) - 4, b"tail")
+        await ch.close(b, fh)  # journaled: the next writer gets a copy
+        fh = await ch.open_file(b, "sparse", os.O_WRONLY)
+        await b.fs.write(fh, 4, b"-more")
+        await ch.close(b, fh)
+        st = b.area.get("sparse")
+        assert st is not None and st.size == 1 << 40
+        assert os.fstat(st.fd).st_blocks * 512 < 1 << 20  # holes stayed holes
+        assert os.pread(st.fd, 9, 0) == b"head-more"
+        assert os.pread(st.fd, 4, (1 << 40) - 4) == b"tail"
