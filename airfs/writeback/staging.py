@@ -50,21 +50,19 @@ from airfs.pathindex import PathDict
 from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
 from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
-from .stagefiles import open_spares, pwrite_all, read_cached
+from .stagedio import WRITE_HOP_MIN, StagedBytes
+from .stagefiles import open_spares
 from .versions import PathState, Staged
 
-__all__ = ["PathState", "Staged", "StagingArea", "failure_message"]
+__all__ = ["WRITE_HOP_MIN", "PathState", "Staged", "StagingArea", "failure_message"]
 
-#: writes at least this long are made in a worker thread (a shorter one costs less than the
-#: hop: 2 us against ~90 us for 4 KiB here; 33 us for 128 KiB)
-WRITE_HOP_MIN = 64 << 10
 #: empty staging files made at a time, ahead of the creates that use them
 SPARES = 16
 
 log = logging.getLogger(__name__)
 
 
-class StagingArea:
+class StagingArea(StagedBytes):
     """Staged files by path, their journal, and the space they use. Trio loop only."""
 
     def __init__(self, cache_dir: str, *, limit: int, min_free: int = 1 << 30) -> None:
@@ -309,71 +307,6 @@ class StagingArea:
 
     # -- changes ---------------------------------------------------------------------------
 
-    async def read(self, st: Staged, offset: int, size: int) -> bytes:
-        """Read staged bytes: on the loop when they are all in the page cache
-        (``RWF_NOWAIT``), else in a worker thread. Short at the end of the file."""
-        data = read_cached(st.fd, offset, size)
-        if data is not None:
-            return data
-        st.refs += 1  # its descriptor stays open meanwhile
-        try:
-            return await trio.to_thread.run_sync(os.pread, st.fd, size, offset)
-        finally:
-            st.refs -= 1
-            self.release(st)
-
-    async def write(self, st: Staged, offset: int, data: bytes | memoryview) -> int:
-        """Write ``data`` at ``offset`` of ``st`` (in a worker thread from
-        :data:`WRITE_HOP_MIN` bytes). While it is in flight ``st`` is changed (its
-        generation moved) but never journaled (:meth:`journal_closed` waits for it)."""
-        if st.closed_version and st.path is not None:
-            raise AssertionError(f"staged {st.id}: a closed version is never written")
-        if len(data) < WRITE_HOP_MIN:
-            n = os.pwrite(st.fd, data, offset)
-        else:
-            st.touch()
-            n = await self._in_flight(st, pwrite_all, st.fd, data, offset)
-        end = offset + n
-        if end > st.size:
-            self.bytes += end - st.size
-            st.size = end
-        st.touch()
-        return n
-
-    async def truncate(self, st: Staged, size: int) -> None:
-        """Set ``st``'s size (in a worker thread: freeing blocks can take a while)."""
-        if st.closed_version and st.path is not None:
-            raise AssertionError(f"staged {st.id}: a closed version is never truncated")
-        st.touch()
-        before = self._allocated(st)
-        await self._in_flight(st, os.ftruncate, st.fd, size)
-        st.size = size
-        self.bytes += self._allocated(st) - before
-        st.touch()
-
-    async def _in_flight(self, st: Staged, fn: Callable[..., int | None], *args: object) -> int:
-        """Run a change of ``st``'s bytes in a worker thread; ``st`` is referenced (its
-        descriptor stays open) and counted in flight meanwhile."""
-        st.inflight += 1
-        st.refs += 1
-        try:
-            return await trio.to_thread.run_sync(fn, *args) or 0
-        finally:
-            st.inflight -= 1
-            st.refs -= 1
-            if st.inflight == 0:
-                if st.close_wanted:
-                    self.journal_closed(st)
-                self.notify()
-            self.release(st)
-
-    async def quiesce(self, st: Staged) -> None:
-        """Wait until no change of ``st``'s bytes is in flight (before journaling it)."""
-        while st.inflight:
-            ev = self.change_event()
-            if st.inflight:
-                await ev.wait()
-
     def set_attrs(
         self,
         st: Staged,
@@ -400,41 +333,6 @@ class StagingArea:
         if atime_ns is not None:
             st.atime_ns = atime_ns
         self._rejournal(self.versions(st))
-
-    @staticmethod
-    def _allocated(st: Staged) -> int:
-        try:
-            return min(st.size, os.fstat(st.fd).st_blocks * 512)
-        except OSError:
-            return st.size
-
-    async def reserve(self, st: Staged, end: int, wait_s: float) -> None:
-        """Wait until growing ``st`` to ``end`` bytes fits the space limits; ENOSPC after
-        ``wait_s`` seconds of waiting for commits to free space."""
-        grow = end - st.size
-        if grow <= 0 or await self._fits(grow):
-            return
-        with trio.move_on_after(wait_s):
-            while True:
-                ev = self.change_event()
-                if await self._fits(grow):
-                    return
-                await ev.wait()
-        raise OSError(
-            errno.ENOSPC,
-            f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)",
-        )
-
-    async def _fits(self, grow: int) -> bool:
-        if self.bytes + grow > self.limit:
-            return False
-        if grow < (1 << 20) and self.min_free == 0:
-            return True
-        try:
-            sv = await trio.to_thread.run_sync(os.statvfs, self.dir)
-        except OSError:
-            return True
-        return sv.f_bavail * sv.f_frsize - grow >= self.min_free
 
     def move(self, old: str, new: str, *, rebase: bool = False, base: str | None = None) -> None:
         """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was

@@ -23,7 +23,7 @@ import trio
 from airfs.build import Built, build
 from airfs.testing import corehost as ch
 from airfs.testing.memory import MemoryOrigin
-from airfs.writeback import diskq, staging
+from airfs.writeback import diskq, stagedio, staging
 from airfs.writeback.journal import RECORD_XATTR, Journal, Record
 
 BIG = b"x" * (staging.WRITE_HOP_MIN * 2)
@@ -71,7 +71,7 @@ async def test_a_long_write_runs_while_the_loop_serves(
     mem = MemoryOrigin()
     mem.put_bytes("other", b"hello")
     gate = Gate()
-    monkeypatch.setattr(staging, "pwrite_all", gate.hold(staging.pwrite_all))
+    monkeypatch.setattr(stagedio, "pwrite_all", gate.hold(stagedio.pwrite_all))
     async with core(tmp_path, mem) as b:
         fh = await ch.open_file(b, "big", os.O_WRONLY | os.O_CREAT)
         async with trio.open_nursery() as n:
@@ -93,7 +93,7 @@ async def test_fsync_waits_for_a_write_in_flight_and_commits_it(
     bytes are in what is journaled and committed (never a closed version written late)."""
     mem = MemoryOrigin()
     gate = Gate()
-    monkeypatch.setattr(staging, "pwrite_all", gate.hold(staging.pwrite_all))
+    monkeypatch.setattr(stagedio, "pwrite_all", gate.hold(stagedio.pwrite_all))
     async with core(tmp_path, mem) as b:
         fh1 = await ch.open_file(b, "f", os.O_WRONLY | os.O_CREAT)
         await b.fs.write(fh1, 0, b"head")  # short: on the loop

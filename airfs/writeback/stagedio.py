@@ -1,0 +1,148 @@
+"""The bytes of staged versions and the space they take: reads, writes and truncates (long
+ones in worker threads, counted *in flight* so that a version is never journaled while a
+change of its bytes runs), and the space reservation writers wait on.
+
+:class:`StagedBytes` is the part of :class:`~airfs.writeback.staging.StagingArea` that does
+this; the area provides the state and the four hooks declared here.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import os
+from collections.abc import Callable
+
+import trio
+
+from .stagefiles import pwrite_all, read_cached
+from .versions import Staged
+
+__all__ = ["WRITE_HOP_MIN", "StagedBytes"]
+
+#: writes at least this long are made in a worker thread (a shorter one costs less than the
+#: round trip to the thread on this machine: 2 us against 150-600 us for 4 KiB; 33 us for
+#: 128 KiB; docs/benchmarks.md, "The write path off the event loop")
+WRITE_HOP_MIN = 64 << 10
+
+
+class StagedBytes:
+    """Byte I/O and space of staged versions (a part of the staging area; trio loop only)."""
+
+    dir: str
+    limit: int
+    min_free: int
+    #: bytes the staged versions take (allocated, so a sparse file costs what it stores)
+    bytes: int
+
+    def notify(self) -> None:
+        raise NotImplementedError
+
+    def change_event(self) -> trio.Event:
+        raise NotImplementedError
+
+    def release(self, st: Staged) -> bool:
+        raise NotImplementedError
+
+    def journal_closed(self, st: Staged) -> None:
+        raise NotImplementedError
+
+    async def read(self, st: Staged, offset: int, size: int) -> builtins.bytes:
+        """Read staged bytes: on the loop when they are all in the page cache
+        (``RWF_NOWAIT``), else in a worker thread. Short at the end of the file."""
+        data = read_cached(st.fd, offset, size)
+        if data is not None:
+            return data
+        st.refs += 1  # its descriptor stays open meanwhile
+        try:
+            return await trio.to_thread.run_sync(os.pread, st.fd, size, offset)
+        finally:
+            st.refs -= 1
+            self.release(st)
+
+    async def write(self, st: Staged, offset: int, data: builtins.bytes | memoryview) -> int:
+        """Write ``data`` at ``offset`` of ``st`` (in a worker thread from
+        :data:`WRITE_HOP_MIN` bytes). While it is in flight ``st`` is changed (its
+        generation moved) but never journaled (:meth:`journal_closed` waits for it)."""
+        if st.closed_version and st.path is not None:
+            raise AssertionError(f"staged {st.id}: a closed version is never written")
+        if len(data) < WRITE_HOP_MIN:
+            n = os.pwrite(st.fd, data, offset)
+        else:
+            st.touch()
+            n = await self._in_flight(st, pwrite_all, st.fd, data, offset)
+        end = offset + n
+        if end > st.size:
+            self.bytes += end - st.size
+            st.size = end
+        st.touch()
+        return n
+
+    async def truncate(self, st: Staged, size: int) -> None:
+        """Set ``st``'s size (in a worker thread: freeing blocks can take a while)."""
+        if st.closed_version and st.path is not None:
+            raise AssertionError(f"staged {st.id}: a closed version is never truncated")
+        st.touch()
+        before = self._allocated(st)
+        await self._in_flight(st, os.ftruncate, st.fd, size)
+        st.size = size
+        self.bytes += self._allocated(st) - before
+        st.touch()
+
+    async def _in_flight(self, st: Staged, fn: Callable[..., int | None], *args: object) -> int:
+        """Run a change of ``st``'s bytes in a worker thread; ``st`` is referenced (its
+        descriptor stays open) and counted in flight meanwhile."""
+        st.inflight += 1
+        st.refs += 1
+        try:
+            return await trio.to_thread.run_sync(fn, *args) or 0
+        finally:
+            st.inflight -= 1
+            st.refs -= 1
+            if st.inflight == 0:
+                if st.close_wanted:
+                    self.journal_closed(st)
+                self.notify()
+            self.release(st)
+
+    async def quiesce(self, st: Staged) -> None:
+        """Wait until no change of ``st``'s bytes is in flight (before journaling it)."""
+        while st.inflight:
+            ev = self.change_event()
+            if st.inflight:
+                await ev.wait()
+
+    @staticmethod
+    def _allocated(st: Staged) -> int:
+        try:
+            return min(st.size, os.fstat(st.fd).st_blocks * 512)
+        except OSError:
+            return st.size
+
+    async def reserve(self, st: Staged, end: int, wait_s: float) -> None:
+        """Wait until growing ``st`` to ``end`` bytes fits the space limits; ENOSPC after
+        ``wait_s`` seconds of waiting for commits to free space."""
+        grow = end - st.size
+        if grow <= 0 or await self._fits(grow):
+            return
+        with trio.move_on_after(wait_s):
+            while True:
+                ev = self.change_event()
+                if await self._fits(grow):
+                    return
+                await ev.wait()
+        raise OSError(
+            errno.ENOSPC,
+            f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)",
+        )
+
+    async def _fits(self, grow: int) -> bool:
+        if self.bytes + grow > self.limit:
+            return False
+        if grow < (1 << 20) and self.min_free == 0:
+            return True
+        try:
+            sv = await trio.to_thread.run_sync(os.statvfs, self.dir)
+        except OSError:
+            return True
+        return sv.f_bavail * sv.f_frsize - grow >= self.min_free
