@@ -7,10 +7,10 @@ uses; they are the same objects as ``VolumeDataset``, ``VolumeWriter`` and ``Vol
 from ..checkpoint import VolumeReader as VolumeReader
 from ..checkpoint import VolumeWriter as VolumeWriter
 from ..checkpoint import latest_checkpoint as latest_checkpoint
-from .dataset import DatasetStats as DatasetStats
 from .dataset import VolumeDataset as VolumeDataset
 from .loader import DataLoader as DataLoader
 from .loader import LoaderStats as LoaderStats
+from .stats import DatasetStats as DatasetStats
 
 UCVolumeDataset = VolumeDataset
 UCVolumeWriter = VolumeWriter

@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.utils.data
 
-from .dataset import VolumeDataset, _LoaderProgress
+from .dataset import VolumeDataset
+from .resume import LoaderProgress
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ class DataLoader(torch.utils.data.DataLoader):  # type: ignore[type-arg]
             in_order=in_order,
         )
         self.volume_dataset = volume_dataset or _find_volume_dataset(dataset)
-        self._tracker: _LoaderProgress | None = None
+        self._tracker: LoaderProgress | None = None
         self._batches = 0
         self._wait = 0.0
         self._last_wait = 0.0
