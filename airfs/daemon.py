@@ -11,6 +11,7 @@ sets once pending commits are drained.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -78,6 +79,7 @@ class Daemon:
             "fs": self.fs.statistics().to_dict(),
             "cache": self.readpath.statistics().to_dict(),
             "writeback": self.uploader.statistics().to_dict(),
+            "journal": dataclasses.asdict(self.area.disk.statistics()),
             "origin_calls": self.origin.statistics().to_dict(),
             "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics() if self.transport is not None else None,

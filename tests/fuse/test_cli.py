@@ -209,6 +209,9 @@ def test_status_reports_the_mount(dirs: tuple[Path, Path, Path]) -> None:
         wb = st["writeback"]
         assert (wb["pending_files"], wb["pending_bytes"]) == (0, 0)  # flushed
         assert (wb["committed_files"], wb["committed_bytes"]) == (1, 1000)
+        # the journal's queue: applied in batches, nothing refused, nothing left after flush
+        jq = st["journal"]
+        assert jq["batches"] >= 1 and jq["failures"] == 0 and jq["queued"] == 0, jq
         assert st["cache"]["kind"] == "cached" and st["cache"]["cache_dir"].startswith(str(cache))
         p = run("status", str(mnt / "f"))
         assert p.returncode == 0 and "origin" in p.stdout and str(origin) in p.stdout
