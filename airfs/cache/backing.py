@@ -25,7 +25,8 @@ from dataclasses import dataclass
 
 import trio
 
-from ..readpath import ObjectRef
+from airfs.core.readpath import ObjectRef
+
 from .objects import ObjectTable
 from .persist import IndexKeeper
 from .store import CachedObject, read_verify

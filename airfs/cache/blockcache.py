@@ -1,7 +1,7 @@
 """The cached read path: persistent block cache + per-reader sequential prefetcher.
 
-:class:`CachedReadPath` implements :class:`airfs.readpath.ReadPath`; its readers implement
-:class:`airfs.readpath.Reader`.
+:class:`CachedReadPath` implements :class:`airfs.core.readpath.ReadPath`; its readers implement
+:class:`airfs.core.readpath.Reader`.
 
 Creating and closing (inside a trio run)::
 
@@ -30,7 +30,7 @@ The parts, each the single owner of its state: :class:`~airfs.cache.objects.Obje
 punches), :class:`~airfs.cache.persist.IndexKeeper` (the LMDB index),
 :class:`~airfs.cache.fetch.Fetcher` (parts), :class:`~airfs.cache.reads.ReadPlanner` (one read:
 cached runs and parts), :class:`~airfs.cache.stats.Counters`; this module holds the life cycle
-and the :class:`~airfs.readpath.ReadPath` interface.
+and the :class:`~airfs.core.readpath.ReadPath` interface.
 """
 
 from __future__ import annotations
@@ -42,15 +42,16 @@ from typing import Any
 
 import trio
 
+from airfs.core.readpath import ObjectRef
+
 from ..origin.aio import AsyncOrigin
-from ..prefetch import Stream
-from ..readpath import ObjectRef
 from .backing import BackingFiles, LocalFile, Verified
 from .evict import SpaceLimit
 from .fetch import Fetcher
 from .hits import HitReader
 from .objects import ObjectTable
 from .persist import IndexKeeper
+from .prefetch import Stream
 from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
 from .store import CachedObject
@@ -59,7 +60,7 @@ __all__ = ["CachedReadPath", "CachedReader"]
 
 
 class CachedReader:
-    """One open file handle's read stream (implements :class:`airfs.readpath.Reader`)."""
+    """One open file handle's read stream (implements :class:`airfs.core.readpath.Reader`)."""
 
     __slots__ = ("_rp", "closed", "obj", "ref", "stream")
 
@@ -343,7 +344,7 @@ class CachedReadPath:
             self._table.maybe_release(cobj)
 
     def discard(self, path: str, keep: str | None = None) -> int:
-        """See :meth:`airfs.readpath.ReadPath.discard`: the cached versions of ``path`` other
+        """See :meth:`airfs.core.readpath.ReadPath.discard`: the cached versions of ``path`` other
         than ``keep`` leave the table (at once, or at their last release when in use) and
         their files are deleted. Returns how many left at once. Never blocks."""
         if not self._running:

@@ -8,7 +8,7 @@ used:
 1. whole objects that nobody uses (no open reader, no warm/adopt, no fetch or file operation in
    flight) — the common case;
 2. only if that is not enough: single blocks of objects that *are* in use, but never blocks
-   inside a reader's active range (:meth:`airfs.prefetch.Stream.active_range`: its position,
+   inside a reader's active range (:meth:`airfs.cache.prefetch.Stream.active_range`: its position,
    a seek tolerance behind it, and its prefetch horizon), nor blocks of an object being warmed
    or adopted, nor blocks being fetched, nor blocks of a file that was a passthrough backing
    file (a process may still have it mapped; whole-object eviction unlinks, which a mapping

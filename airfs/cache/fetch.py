@@ -37,9 +37,9 @@ import trio
 
 from ..origin.aio import AsyncOrigin
 from ..origin.base import Conflict, OriginError
-from ..prefetch import ByteBudget, split_runs
 from .files import punches_done
 from .objects import ObjectTable
+from .prefetch import ByteBudget, split_runs
 from .stats import Counters
 from .store import (
     PREFETCHED,

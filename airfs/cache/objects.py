@@ -25,7 +25,8 @@ from collections.abc import Callable, Iterable
 
 import trio
 
-from ..readpath import ObjectRef
+from airfs.core.readpath import ObjectRef
+
 from .evict import SpaceLimit, plan_eviction
 from .files import CacheFiles
 from .index import ObjectRecord

@@ -9,11 +9,11 @@ the reply — no thread hop, and never a wait on the disk: if the pages are not 
 cache, the read moves to a worker thread. A chunk whose checksum does not match marks its block
 absent (``corrupt_blocks``) and the read fetches it again; wrong bytes are never returned.
 
-Missing blocks are fetched from the origin as *parts* (:mod:`airfs.cache.fetch`): each block
-is fetched by at most one part at a time, and a read that needs a block already being fetched
-waits for that part and is served from its memory. The per-reader
-:class:`~airfs.prefetch.Stream` decides what to fetch ahead; see :mod:`airfs.prefetch` for how
-the window grows, resets and applies backpressure.
+Missing blocks are fetched from the origin as *parts* (:mod:`airfs.cache.fetch`): each block is
+fetched by at most one part at a time, and a read that needs a block already being fetched waits for
+that part and is served from its memory. The per-reader :class:`~airfs.cache.prefetch.Stream`
+decides what to fetch ahead; see :mod:`airfs.cache.prefetch` for how the window grows, resets and
+applies backpressure.
 
 :class:`ReadPlanner` does this for :class:`~airfs.cache.blockcache.CachedReader`: it cuts the
 read into runs present on disk and runs that parts bring (:meth:`ReadPlanner.plan`, starting

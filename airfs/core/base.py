@@ -25,7 +25,7 @@ from typing import ParamSpec, TypeVar
 
 import trio
 
-from airfs.histogram import Latencies
+from airfs.obs.histogram import Latencies
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import (
     Entry,
@@ -36,7 +36,6 @@ from airfs.origin.base import (
     join,
     split,
 )
-from airfs.readpath import ObjectRef, Reader, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 
 from .attrs import Attr, Owner, attr_of, attr_of_entry
@@ -44,6 +43,7 @@ from .context import Guard, current_caller
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
 from .passthrough import Passthrough
+from .readpath import ObjectRef, Reader, ReadPath
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     returns (a ``close``, ``rename`` or ``unlink`` that returned survives a daemon crash). The
     duration is wall time from the call to its end on the trio loop, waits for the origin and
     the settle included; it costs one ``perf_counter`` pair and one
-    :meth:`~airfs.histogram.Latencies.observe` per call."""
+    :meth:`~airfs.obs.histogram.Latencies.observe` per call."""
     name = fn.__name__
 
     @functools.wraps(fn)

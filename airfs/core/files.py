@@ -14,13 +14,13 @@ from airfs.origin.base import (
     Entry,
     Kind,
 )
-from airfs.readpath import ObjectRef
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr
 from .base import _COPY_CHUNK, CoreBase, Handle, _err, counted
 from .context import current_caller
 from .inodes import Node
+from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from airfs.origin.base import Entry, Kind
-from airfs.pathindex import PathDict, PathIndex
+from airfs.util.pathindex import PathDict, PathIndex
 
 if TYPE_CHECKING:
     from airfs.writeback.staging import Staged

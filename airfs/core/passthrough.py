@@ -52,10 +52,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from airfs.origin.base import OriginError
-from airfs.readpath import ObjectRef, ReadPath
 from airfs.writeback.staging import Staged, StagingArea
 
 from .inodes import InodeTable
+from .readpath import ObjectRef, ReadPath
 
 if TYPE_CHECKING:
     from airfs.cache.backing import LocalFile

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from airfs.histogram import LatencyHistogram, as_dicts
+from airfs.obs.histogram import LatencyHistogram, as_dicts
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,7 +14,8 @@ import trio
 
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, OriginError, join
-from airfs.readpath import ObjectRef, ReadPath
+
+from .readpath import ObjectRef, ReadPath
 
 log = logging.getLogger(__name__)
 

@@ -4,9 +4,10 @@
 uses; they are the same objects as ``VolumeDataset``, ``VolumeWriter`` and ``VolumeReader``.
 """
 
-from ..checkpoint import VolumeReader as VolumeReader
-from ..checkpoint import VolumeWriter as VolumeWriter
-from ..checkpoint import latest_checkpoint as latest_checkpoint
+from airfs.data.checkpoint import VolumeReader as VolumeReader
+from airfs.data.checkpoint import VolumeWriter as VolumeWriter
+from airfs.data.checkpoint import latest_checkpoint as latest_checkpoint
+
 from .dataset import VolumeDataset as VolumeDataset
 from .loader import DataLoader as DataLoader
 from .loader import LoaderStats as LoaderStats

@@ -28,7 +28,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from ..histogram import Latencies, LatencyHistogram, as_dicts
+from airfs.obs.histogram import Latencies, LatencyHistogram, as_dicts
+
 from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Transient
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 
-from airfs.fileutil import copy_sparse
+from airfs.util.fileutil import copy_sparse
 
 from .base import (
     Capabilities,

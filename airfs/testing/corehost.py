@@ -1,4 +1,5 @@
-"""Drive a core built by :func:`airfs.build.build` from ordinary (non-trio) code, with crashes.
+"""Drive a core built by :func:`airfs.daemon.build.build` from ordinary (non-trio) code, with
+crashes.
 
 A trio thread hosts the build; :meth:`CoreHost.call` runs ``fn(built)`` there and returns its
 result. :meth:`CoreHost.crash` drops every in-memory state (open handles, the uploader's
@@ -18,8 +19,8 @@ from typing import Any, TypeVar
 
 import trio
 
-from airfs.build import Built, build
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built, build
 from airfs.origin.base import Origin
 
 T = TypeVar("T")

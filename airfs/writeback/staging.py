@@ -44,8 +44,8 @@ from collections.abc import Callable, Iterable
 
 import trio
 
-from airfs.fileutil import copy_sparse
-from airfs.pathindex import PathDict
+from airfs.util.fileutil import copy_sparse
+from airfs.util.pathindex import PathDict
 
 from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
@@ -511,7 +511,7 @@ class StagingArea(StagedBytes):
     async def run_settler(self, interval: float = 1.0) -> None:
         """Forever: every ``interval`` seconds, apply what no operation settled (a commit's
         journal changes, a batch the journal refused) and sync the journal to disk (power
-        loss). Started by :func:`airfs.build.build`."""
+        loss). Started by :func:`airfs.daemon.build.build`."""
         while True:
             await trio.sleep(interval)
             try:

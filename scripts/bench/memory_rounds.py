@@ -9,7 +9,7 @@ started by ``airfs.testing.seaweed``). Each round creates a tree (``--files`` sm
 (``airfs flush``), ``stat``s and lists everything, reads everything back, deletes the tree
 and flushes again. After each round the daemon's ``VmRSS`` and ``VmHWM`` (``/proc/PID/status``)
 are recorded, and again after a pause (``--pause`` seconds, idle). With ``--report DIR`` the
-daemon writes a memory report (:mod:`airfs.memdebug`) after mounting and after each pause.
+daemon writes a memory report (:mod:`airfs.daemon.memdebug`) after mounting and after each pause.
 ``--env K=V`` is passed to the daemon (e.g. ``MALLOC_ARENA_MAX=2``). Prints a table; numbers
 go to docs/benchmarks.md ("Daemon memory over load rounds"). Never run in CI.
 """
@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from airfs import memdebug
+from airfs.daemon import memdebug
 from airfs.testing.mountfix import mount, teardown
 from airfs.testing.seaweed import seaweed_server
 

@@ -2,17 +2,16 @@
 
     PYTHONPATH=. python scripts/bench/op_latency.py [CALLS] [ROUNDS]   # default 20000 15
 
-A core built by ``airfs.build`` (no kernel) over a memory origin, TTL 1 h, so that getattr and
-lookup of a known file are answered from memory without suspending: the cheapest core calls,
-where a fixed cost shows most; and first an operation that does nothing (``noop``: the
-decorators' own cost, without the noise of the operation). Three variants of the same method,
-run in turn in each round (so that a noisy neighbour hits all three alike), CALLS calls each,
-on the trio loop:
+A core built by ``airfs.daemon.build`` (no kernel) over a memory origin, TTL 1 h, so that getattr
+and lookup of a known file are answered from memory without suspending: the cheapest core calls,
+where a fixed cost shows most; and first an operation that does nothing (``noop``: the decorators'
+own cost, without the noise of the operation). Three variants of the same method, run in turn in
+each round (so that a noisy neighbour hits all three alike), CALLS calls each, on the trio loop:
 
 * ``bare``: the operation itself (``fs.getattr.__wrapped__``, no decorator);
 * ``counter``: the decorator as it was before the histograms (a ``Counter`` increment);
 * ``histogram``: the decorator now (:func:`airfs.core.base.counted`: the counter, a
-  ``perf_counter`` pair and :meth:`airfs.histogram.Latencies.observe`).
+  ``perf_counter`` pair and :meth:`airfs.obs.histogram.Latencies.observe`).
 
 Prints the median and the best over ROUNDS of µs per call. Numbers go to docs/benchmarks.md.
 """
@@ -30,10 +29,10 @@ from typing import Any
 
 import trio
 
-from airfs.build import build
 from airfs.core.base import counted
 from airfs.core.inodes import ROOT_INO
-from airfs.histogram import Latencies
+from airfs.daemon.build import build
+from airfs.obs.histogram import Latencies
 from airfs.testing.memory import MemoryOrigin
 
 

@@ -7,7 +7,7 @@ Serves ``SOURCE_DIR`` on ``MOUNTPOINT`` with the least work per request: lookups
 from ``os.lstat``, one ``os.open`` per FUSE open, ``os.pread`` on that fd straight into the reply
 (on the event loop, no threads), ``keep_cache`` on every open (repeat reads stay in the kernel's
 page cache) and the mount's ``read_ahead_kb`` raised to 1024, as airfs does
-(``airfs.mount.raise_read_ahead``), so that the kernel sends 1 MiB read requests. Entry and
+(``airfs.daemon.process.raise_read_ahead``), so that the kernel sends 1 MiB read requests. Entry and
 attribute timeouts are ``--ttl`` (airfs's default is 1 s). Runs in the foreground until
 unmounted (``fusermount3 -u``) or SIGTERM/SIGINT. Benchmarks only.
 """
@@ -24,7 +24,7 @@ import pyfuse3
 import trio
 
 sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
-from airfs.mount import raise_read_ahead
+from airfs.daemon.process import raise_read_ahead
 
 
 class Passthrough(pyfuse3.Operations):

@@ -27,10 +27,10 @@ from typing import Any
 import trio
 
 from airfs.cache import CachedReadPath
+from airfs.core.readpath import DirectReadPath, ObjectRef
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin
-from airfs.readpath import DirectReadPath, ObjectRef
 
 MiB = 1 << 20
 

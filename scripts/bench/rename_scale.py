@@ -3,7 +3,7 @@
     PYTHONPATH=. python scripts/bench/rename_scale.py [INODES:STAGED ...]
     # default: 1000:1000 90000:1000 1000:15000 90000:15000
 
-For each pair: a core (``airfs.build``, no kernel) over a POSIX origin on tmpfs. First
+For each pair: a core (``airfs.daemon.build``, no kernel) over a POSIX origin on tmpfs. First
 INODES files are created (and closed) in 100 directories and committed; each keeps its
 kernel lookup count, so the inode table knows INODES nodes. Then the origin's puts are held
 back and STAGED more files are created: they stay staged (pending). Timed one by one on the
@@ -24,8 +24,8 @@ import threading
 import time
 from typing import Any
 
-from airfs.build import Built
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built
 from airfs.origin.base import Entry
 from airfs.origin.posix import PosixOrigin
 from airfs.testing.corehost import CoreHost

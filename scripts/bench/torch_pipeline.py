@@ -173,7 +173,7 @@ def _ckpt_rank(rank: int, world: int, port: int, args: dict, queue: Any) -> None
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import DTensor, Shard
 
-    from airfs.checkpoint import VolumeWriter, latest_checkpoint
+    from airfs.data.checkpoint import VolumeWriter, latest_checkpoint
 
     torch.set_num_threads(1)
     dist.init_process_group(

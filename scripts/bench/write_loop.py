@@ -2,10 +2,10 @@
 
     PYTHONPATH=. python scripts/bench/write_loop.py [--files N] [--mib M] [--tasks T]
 
-A core (``airfs.build``, no kernel) over a POSIX origin in a temporary directory on the cache's
-disk. A ticker task sleeps 1 ms at a time and records how late it wakes: the *loop stall*
-(what every other request on the mount waits for while the write path runs on the loop).
-Cases, each timed on the loop:
+A core (``airfs.daemon.build``, no kernel) over a POSIX origin in a temporary directory on the
+cache's disk. A ticker task sleeps 1 ms at a time and records how late it wakes: the *loop stall*
+(what every other request on the mount waits for while the write path runs on the loop). Cases, each
+timed on the loop:
 
 * ``small``: N files created, 4 KiB written, closed (flush + release), one after another;
 * ``small xT``: the same with T tasks at once (concurrent closes share journal batches);
@@ -25,8 +25,8 @@ import time
 
 import trio
 
-from airfs.build import Built, build
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built, build
 from airfs.origin.posix import PosixOrigin
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airfs import cli
+from airfs.cli import app as cli
 from airfs.origin.base import Origin
 from airfs.origin.posix import PosixOrigin
 from airfs.testing.mountfix import Mounted, is_mounted, mount, teardown_all
@@ -82,7 +82,7 @@ PRELUDE = """
 import errno, json, os, sys, time, contextlib, io
 import encodings.unicode_escape, socket, struct, argparse, gettext, shutil, grp, pwd, textwrap
 import mmap, subprocess
-from airfs import cli
+from airfs.cli import app as cli
 from airfs.control import client
 import airfs.catalog.cli, airfs.catalog.explain
 cli.build_parser().format_help()  # everything argparse loads, while /root is readable

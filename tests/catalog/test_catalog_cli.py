@@ -101,7 +101,8 @@ def test_not_a_mount_and_origin_edits_are_roots(tmp_path: Path) -> None:
     if os.geteuid() != 0:
         pytest.skip("the non-root case below starts as root and drops to nobody")
     script = (
-        "import os, sys, shutil, gettext, pwd, grp\nfrom airfs import cli\ncli.build_parser()\n"
+        "import os, sys, shutil, gettext, pwd, grp\n"
+        "from airfs.cli import app as cli\ncli.build_parser()\n"
         "os.setgid(65534); os.setuid(65534)\n"
         f"sys.exit(cli.main(['catalog', '--origin', {str(tmp_path)!r}, 'init']))\n"
     )

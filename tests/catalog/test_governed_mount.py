@@ -236,7 +236,7 @@ SEED_IMPORTS = """
 import torch, torch.distributed.checkpoint, torch.utils.data, mmap
 import torch.distributed.checkpoint.filesystem, torch.distributed.checkpoint.default_planner
 from airfs.data import VolumeDataset
-from airfs.checkpoint import VolumeWriter, VolumeReader
+from airfs.data.checkpoint import VolumeWriter, VolumeReader
 import airfs.catalog.explain
 """
 

@@ -47,7 +47,7 @@ def daemons_for(mountpoint: Path) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"airfs.mount" in cmd and str(mountpoint).encode() in cmd:
+        if b"airfs.daemon.process" in cmd and str(mountpoint).encode() in cmd:
             out.append(int(pid))
     return out
 

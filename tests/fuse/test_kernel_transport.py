@@ -192,11 +192,11 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
     import trio
 
     from airfs.core.fs import Filesystem
+    from airfs.core.readpath import DirectReadPath
     from airfs.fuse.kernel import mount as kmount
     from airfs.fuse.kernel.session import Session
     from airfs.origin.aio import AsyncOrigin
     from airfs.origin.posix import PosixOrigin
-    from airfs.readpath import DirectReadPath
     from airfs.writeback.staging import StagingArea
 
     if not fuse_available():
@@ -241,11 +241,11 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
     import trio
 
     from airfs.core.fs import Filesystem
+    from airfs.core.readpath import DirectReadPath
     from airfs.fuse.kernel import mount as kmount
     from airfs.fuse.kernel.session import Session
     from airfs.origin.aio import AsyncOrigin
     from airfs.origin.posix import PosixOrigin
-    from airfs.readpath import DirectReadPath
     from airfs.writeback.staging import StagingArea
 
     if not fuse_available() or not kmount.has_cap_sys_admin():

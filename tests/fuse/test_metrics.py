@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from airfs.metrics import HISTOGRAMS, METRICS
+from airfs.obs.metrics import HISTOGRAMS, METRICS
 from airfs.testing.fixtures import Volume
 from airfs.testing.mountfix import fuse_available, mount
 from airfs.testing.seaweed import free_ports

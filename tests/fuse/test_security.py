@@ -217,7 +217,9 @@ def test_unprivileged_user_cannot_unmount_and_sees_only_counters(
             "cli": [code, err.getvalue()],
         }))
         """,
-        imports="import contextlib, io, shutil, gettext, argparse\nfrom airfs import cli\n",
+        imports=(
+            "import contextlib, io, shutil, gettext, argparse\nfrom airfs.cli import app as cli\n"
+        ),
     )
     assert out["unmount"]["ok"] is False, out
     assert out["unmount"]["errno"] == errno.EPERM, out
@@ -508,7 +510,7 @@ def test_non_root_training_job_gets_prefetch_and_the_commit_barrier(
         imports=(
             "import torch, torch.distributed.checkpoint as dcp\n"
             "from airfs.data import VolumeDataset\n"
-            "from airfs.checkpoint import VolumeReader, VolumeWriter, is_complete\n"
+            "from airfs.data.checkpoint import VolumeReader, VolumeWriter, is_complete\n"
         ),
         umask=0,  # the mount reports root as every file's owner: dirs the job makes must be 0777
     )

@@ -15,8 +15,8 @@ from distpool import run_group
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-import airfs.checkpoint as ckpt_mod
-from airfs.checkpoint import VolumeReader, VolumeWriter, is_complete, latest_checkpoint
+import airfs.data.checkpoint as ckpt_mod
+from airfs.data.checkpoint import VolumeReader, VolumeWriter, is_complete, latest_checkpoint
 
 pytestmark = [
     pytest.mark.torch,

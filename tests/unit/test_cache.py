@@ -18,11 +18,11 @@ import trio
 
 from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
 from airfs.cache.index import check_lmdb_file
+from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin
-from airfs.readpath import ObjectRef
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
 
 KiB, MiB = 1 << 10, 1 << 20

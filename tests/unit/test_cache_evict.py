@@ -13,9 +13,9 @@ import trio
 from airfs.cache import CachedReadPath
 from airfs.cache.evict import SpaceLimit, plan_eviction
 from airfs.cache.store import CachedObject, object_key
+from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.latency import LatencyOrigin
-from airfs.readpath import ObjectRef
 from airfs.testing.memory import MemoryOrigin
 
 KiB, MiB = 1 << 10, 1 << 20

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from airfs.cli import _join_negative_values, build_parser, main, parse_size, positive_size
-from airfs.fstab import to_cli_args
-from airfs.mount import MountError, check_cache_dir, first_leaf
+from airfs.cli.app import _join_negative_values, build_parser, main, parse_size, positive_size
+from airfs.cli.fstab import to_cli_args
+from airfs.daemon.process import MountError, check_cache_dir, first_leaf
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from airfs.control import auth
 from airfs.control.auth import Caller, Denied, MountOwner, R, W, X, check_path, may, normalize
 from airfs.control.protocol import SocketDirError, check_dir, prepare_dir, runtime_dir
 from airfs.control.server import ControlServer
-from airfs.mount import MountError, prepare_cache_dir
+from airfs.daemon.process import MountError, prepare_cache_dir
 from airfs.origin.base import Kind
 
 ROOT = Caller(0, 0, 1)

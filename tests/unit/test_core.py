@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 import trio
 
-from airfs.build import build
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import build
 from airfs.origin.base import Kind, NotFound
 from airfs.testing.memory import MemoryOrigin
 from airfs.writeback.staging import StagingArea
@@ -98,7 +98,7 @@ class Core:
 async def running_core(
     tmp_path: Path, *, ttl: float = 0.05, wrap: Any = None, mem: MemoryOrigin | None = None
 ) -> AsyncIterator[Core]:
-    """The core as the daemon builds it (airfs.build), over a memory origin."""
+    """The core as the daemon builds it (airfs.daemon.build), over a memory origin."""
     mem = mem or MemoryOrigin()
     sync = wrap(mem) if wrap is not None else mem
     async with build(sync, str(tmp_path / "cache"), ttl=ttl, staging_size=1 << 30, attempts=1) as b:

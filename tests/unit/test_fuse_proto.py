@@ -20,12 +20,12 @@ import trio
 from airfs.core.attrs import BLKSIZE, Attr
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
+from airfs.core.readpath import DirectReadPath
 from airfs.fuse.kernel import proto
 from airfs.fuse.kernel.negotiate import InitError, InitIn, negotiate, read_buffer_size
 from airfs.fuse.kernel.proto import BadRequest, Init, Op
 from airfs.fuse.kernel.session import Session
 from airfs.origin.aio import AsyncOrigin
-from airfs.readpath import DirectReadPath
 from airfs.testing.memory import MemoryOrigin
 from airfs.writeback.staging import StagingArea
 

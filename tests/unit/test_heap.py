@@ -1,4 +1,4 @@
-"""airfs.heap: when the daemon trims its heap, and the knobs' bad values (issue 11)."""
+"""airfs.daemon.heap: when the daemon trims its heap, and the knobs' bad values (issue 11)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from airfs import heap
+from airfs.daemon import heap
 
 
 def test_trims_once_after_each_burst_never_while_busy() -> None:

@@ -14,14 +14,14 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.utils import floatToGoString
 
-from airfs.build import build
 from airfs.cache import CachedReadPath
 from airfs.core.inodes import ROOT_INO
-from airfs.histogram import BOUNDS, Latencies, LatencyHistogram, bucket_label
-from airfs.metrics import Snapshot, registry
+from airfs.core.readpath import ObjectRef
+from airfs.daemon.build import build
+from airfs.obs.histogram import BOUNDS, Latencies, LatencyHistogram, bucket_label
+from airfs.obs.metrics import Snapshot, registry
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import NotFound, Origin, Transient
-from airfs.readpath import ObjectRef
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
 
 # -- bucket math ----------------------------------------------------------------------------

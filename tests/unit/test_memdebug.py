@@ -1,11 +1,11 @@
-"""airfs.memdebug: the hidden memory report names the table that grew and by how much."""
+"""airfs.daemon.memdebug: the hidden memory report names the table that grew and by how much."""
 
 from __future__ import annotations
 
 import tracemalloc
 from pathlib import Path
 
-from airfs import memdebug
+from airfs.daemon import memdebug
 
 
 class Holder:

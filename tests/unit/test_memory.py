@@ -1,6 +1,6 @@
 """What the daemon keeps in memory per file must go when the file goes (issue 11, "Memory").
 
-A core built by :func:`airfs.build.build` over a POSIX origin with the real block cache
+A core built by :func:`airfs.daemon.build.build` over a POSIX origin with the real block cache
 (:class:`~airfs.cache.CachedReadPath`), driven without a kernel. A committed file is adopted
 into the cache (its object stays in the cache's table); the tests check that unlinking it,
 renaming it away or committing a new version takes the stale versions out of the table (and
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import trio
 
-from airfs.build import Built, build
 from airfs.cache import CachedReadPath
 from airfs.core.inodes import ROOT_INO
+from airfs.core.readpath import ReadPath
+from airfs.daemon.build import Built, build
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.posix import PosixOrigin
-from airfs.readpath import ReadPath
 
 W = os.O_WRONLY | os.O_CREAT
 

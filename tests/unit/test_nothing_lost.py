@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import trio
 
-from airfs.build import Built, build
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built, build
 from airfs.origin.base import Conflict, Entry, Transient
 from airfs.testing import corehost as ch
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin

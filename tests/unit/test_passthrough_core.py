@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from airfs.build import Built, build
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built, build
 from airfs.testing.memory import MemoryOrigin
 
 R, W = os.O_RDONLY, os.O_WRONLY

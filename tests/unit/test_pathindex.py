@@ -1,4 +1,4 @@
-"""The directory index of paths (:mod:`airfs.pathindex`) against a brute-force model."""
+"""The directory index of paths (:mod:`airfs.util.pathindex`) against a brute-force model."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airfs.pathindex import PathDict, PathIndex
+from airfs.util.pathindex import PathDict, PathIndex
 
 names = st.sampled_from(["a", "b", "c", "ab"])
 paths = st.lists(names, min_size=1, max_size=4).map("/".join)

@@ -8,7 +8,7 @@ import pytest
 import trio
 import trio.testing
 
-from airfs.prefetch import ByteBudget, Stream, split_runs
+from airfs.cache.prefetch import ByteBudget, Stream, split_runs
 
 MiB = 1 << 20
 

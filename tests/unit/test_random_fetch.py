@@ -8,8 +8,8 @@ import random
 from pathlib import Path
 
 from airfs.cache import CachedReadPath
+from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
-from airfs.readpath import ObjectRef
 from airfs.testing.memory import MemoryOrigin
 
 MiB = 1 << 20

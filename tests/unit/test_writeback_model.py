@@ -1,5 +1,5 @@
 """A reference model of the write path, run by ``hypothesis.stateful`` against the core as the
-daemon builds it (:func:`airfs.build.build`), over a memory origin with injected faults.
+daemon builds it (:func:`airfs.daemon.build.build`), over a memory origin with injected faults.
 
 Steps: write-and-close (with and without ``O_TRUNC``), create with ``O_RDONLY``, a writer kept
 open across other steps (partial rewrites, and writes long enough to run in a worker thread),
@@ -30,8 +30,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from airfs.build import Built
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import Built
 from airfs.origin.base import Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.testing import corehost as ch

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 import trio
 
-from airfs.build import Built, build
+from airfs.daemon.build import Built, build
 from airfs.testing import corehost as ch
 from airfs.testing.memory import MemoryOrigin
 from airfs.writeback import diskq, stagedio, staging

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import trio
 
-from airfs.build import build
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
+from airfs.daemon.build import build
 from airfs.origin.base import NotFound, PermissionDenied, Transient
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
 from airfs.writeback.recovery import recover

@@ -1,8 +1,7 @@
-"""The client side of ``airfs mount``: the checks of the mountpoint, the origin, the cache dir
-and the log file (each a one-line reason, exit 1), the clearing of a dead mount left by a
-killed daemon, the :class:`~airfs.mountconfig.MountConfig` built from the options, and the
-start of the daemon (``python -m airfs.mount``, detached) with the wait for its readiness line.
-"""
+"""The client side of ``airfs mount``: the checks of the mountpoint, the origin, the cache dir and
+the log file (each a one-line reason, exit 1), the clearing of a dead mount left by a killed daemon,
+the :class:`~airfs.daemon.config.MountConfig` built from the options, and the start of the daemon
+(``python -m airfs.daemon.process``, detached) with the wait for its readiness line."""
 
 from __future__ import annotations
 
@@ -16,9 +15,10 @@ import sys
 import time
 from typing import Any
 
-from airfs.cli_options import fail
 from airfs.control.protocol import MOUNT_TYPE
-from airfs.mountconfig import MountConfig, MountError, check_cache_dir, prepare_cache_dir
+from airfs.daemon.config import MountConfig, MountError, check_cache_dir, prepare_cache_dir
+
+from .options import fail
 
 
 def default_cache_dir(mountpoint: str) -> str:
@@ -166,7 +166,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
         return fail(reason)
 
     if args.foreground:
-        from airfs.mount import run  # the daemon itself, in this process
+        from airfs.daemon.process import run  # the daemon itself, in this process
 
         return run(cfg, None, foreground=True)
     try:
@@ -183,7 +183,7 @@ def cmd_mount(args: argparse.Namespace) -> int:
     rfd, wfd = os.pipe()
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "airfs.mount", cfg.to_json(), "--ready-fd", str(wfd)],
+            [sys.executable, "-m", "airfs.daemon.process", cfg.to_json(), "--ready-fd", str(wfd)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import sys
 
-from airfs import cli
+from . import app as cli
 
 _VALUED = {
     "cache_dir",

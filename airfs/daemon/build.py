@@ -2,8 +2,8 @@
 (staging + journal recovery + uploader) → core, each teardown registered beside its
 construction in one ``AsyncExitStack``.
 
-Used by the daemon (:mod:`airfs.mount`, which adds the FUSE transport and the control socket
-on top) and by the tests, so no test rebuilds the graph by hand. Leaving the context is a
+Used by the daemon (:mod:`airfs.daemon.process`, which adds the FUSE transport and the control
+socket on top) and by the tests, so no test rebuilds the graph by hand. Leaving the context is a
 *crash-like* stop of the write path: nothing is drained (callers drain first with
 ``uploader.flush("")`` when they mean to); what is journaled is replayed by the next build on
 the same cache dir.
@@ -22,9 +22,9 @@ from airfs.catalog.service import CatalogService
 from airfs.core.attrs import Owner
 from airfs.core.context import Guard
 from airfs.core.fs import Filesystem
+from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin
-from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.recovery import RecoveryReport, open_area, recover
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader

@@ -1,13 +1,13 @@
-"""The daemon process: options → origin → :func:`airfs.build.build` → FUSE transport → control
-socket and metrics → periodic tasks; then serves until unmounted, draining pending commits first.
-What the control socket talks to is the facade :class:`airfs.daemon.Daemon`, which this module
-fills in; the configuration and the checks before a mount are in :mod:`airfs.mountconfig`.
+"""The daemon process: options → origin → :func:`airfs.daemon.build.build` → FUSE transport →
+control socket and metrics → periodic tasks; then serves until unmounted, draining pending commits
+first. What the control socket talks to is the facade :class:`airfs.daemon.control.Daemon`, which
+this module fills in; the configuration and the checks before a mount are in
+:mod:`airfs.daemon.config`.
 
-Run as ``python -m airfs.mount CONFIG_JSON [--ready-fd N]`` by ``airfs mount`` (which detaches
-it), or in-process with ``--foreground``. Readiness is reported once, on the ready fd: ``OK`` when
-the mount is up, or ``ERR <one-line reason>``. Errors map to one line (:func:`first_leaf`,
-:class:`MountError`).
-"""
+Run as ``python -m airfs.daemon.process CONFIG_JSON [--ready-fd N]`` by ``airfs mount`` (which
+detaches it), or in-process with ``--foreground``. Readiness is reported once, on the ready fd:
+``OK`` when the mount is up, or ``ERR <one-line reason>``. Errors map to one line
+(:func:`first_leaf`, :class:`MountError`)."""
 
 from __future__ import annotations
 
@@ -23,24 +23,25 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from airfs import heap, memdebug
-from airfs.build import build
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.server import ControlServer
 from airfs.core.attrs import Owner
+from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.core.warm import BackgroundPrefetch
-from airfs.daemon import Daemon
+from airfs.daemon import heap, memdebug
 from airfs.fuse.transport import TransportError, TransportOptions, make_transport
-from airfs.mountconfig import UMASK as UMASK
-from airfs.mountconfig import MountConfig as MountConfig
-from airfs.mountconfig import MountError as MountError
-from airfs.mountconfig import check_cache_dir as check_cache_dir
-from airfs.mountconfig import prepare_cache_dir as prepare_cache_dir
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin, OriginError
 from airfs.origin.posix import PosixOrigin
-from airfs.readpath import DirectReadPath, ReadPath
 from airfs.writeback.journal import JournalDamaged
+
+from .build import build
+from .config import UMASK as UMASK
+from .config import MountConfig as MountConfig
+from .config import MountError as MountError
+from .config import check_cache_dir as check_cache_dir
+from .config import prepare_cache_dir as prepare_cache_dir
+from .control import Daemon
 
 log = logging.getLogger("airfs")
 
@@ -274,7 +275,7 @@ async def _metrics_server(d: Daemon) -> Callable[[], Awaitable[None]] | None:
     one-line reason) and return the task that serves it."""
     if d.cfg.metrics is None:
         return None
-    from airfs import metrics
+    from airfs.obs import metrics
 
     address, port = metrics.parse_address(d.cfg.metrics)
     try:

@@ -1,13 +1,11 @@
-"""The control facade of a running mount: :class:`Daemon` holds the built components (filled
-in by :func:`airfs.mount.serve` as it builds and mounts them) and answers what the control socket
-(:class:`~airfs.control.server.ControlServer`) and the metrics endpoint ask: status, warm,
-prefetch, flush, unmount (drain, then stop), catalog commands, and the lookups that authorise
-requests.
+"""The control facade of a running mount: :class:`Daemon` holds the built components (filled in by
+:func:`airfs.daemon.process.serve` as it builds and mounts them) and answers what the control socket
+(:class:`~airfs.control.server.ControlServer`) and the metrics endpoint ask: status, warm, prefetch,
+flush, unmount (drain, then stop), catalog commands, and the lookups that authorise requests.
 
-It starts nothing itself: the process around it (:mod:`airfs.mount`) runs the FUSE transport
-and the periodic tasks, and waits on :attr:`Daemon.stop_requested`, which :meth:`Daemon.unmount`
-sets once pending commits are drained.
-"""
+It starts nothing itself: the process around it (:mod:`airfs.daemon.process`) runs the FUSE
+transport and the periodic tasks, and waits on :attr:`Daemon.stop_requested`, which
+:meth:`Daemon.unmount` sets once pending commits are drained."""
 
 from __future__ import annotations
 
@@ -26,17 +24,18 @@ from airfs.control.scope import ScopedOrigin
 from airfs.control.server import Progress
 from airfs.core.context import Caller as CoreCaller
 from airfs.core.fs import Filesystem
+from airfs.core.readpath import ReadPath
 from airfs.core.warm import BackgroundPrefetch, warm
 from airfs.fuse.transport import Transport
-from airfs.mountconfig import MountConfig
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, OriginError
-from airfs.readpath import ReadPath
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
+from .config import MountConfig
+
 if TYPE_CHECKING:
-    from airfs.metrics import Snapshot
+    from airfs.obs.metrics import Snapshot
 
 log = logging.getLogger("airfs")
 
@@ -45,8 +44,9 @@ class Daemon:
     """One mount's running state; also what the control socket talks to.
 
     The component attributes (``fs``, ``uploader``, ``area``, ``readpath``, ``origin``,
-    ``prefetcher``, ``catalog_service``, ``transport``) are set by :func:`airfs.mount.serve`
-    before the control socket or the metrics endpoint can call in."""
+    ``prefetcher``, ``catalog_service``, ``transport``) are set by
+    :func:`airfs.daemon.process.serve` before the control socket or the metrics endpoint can
+    call in."""
 
     def __init__(self, cfg: MountConfig) -> None:
         self.cfg = cfg
@@ -196,13 +196,13 @@ class Daemon:
 
     def activity(self) -> int:
         """A counter that moves while the mount works: requests served, commits, bytes read
-        from the origin (what :func:`airfs.heap.trim_when_idle` watches)."""
+        from the origin (what :func:`airfs.daemon.heap.trim_when_idle` watches)."""
         wb = self.uploader.statistics()
         read = self.readpath.statistics().origin_bytes_read or 0
         return sum(self.fs.ops.values()) + wb.committed_files + wb.uploading + read
 
     def components(self) -> dict[str, Any]:
-        """The daemon's running parts, by name (for :mod:`airfs.memdebug`)."""
+        """The daemon's running parts, by name (for :mod:`airfs.daemon.memdebug`)."""
         return {
             "fs": self.fs,
             "readpath": self.readpath,
@@ -215,7 +215,7 @@ class Daemon:
 
     def metrics_snapshot(self) -> Snapshot:
         """Every component's statistics record, for the metrics endpoint."""
-        from airfs.metrics import Snapshot
+        from airfs.obs.metrics import Snapshot
 
         return Snapshot(
             core=self.fs.statistics(),

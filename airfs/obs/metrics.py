@@ -6,7 +6,7 @@ the FUSE transport). :class:`StatsCollector` turns one snapshot of them into Pro
 metric families at scrape time, so nothing is counted twice and the numbers are those of
 ``airfs status``. Names start with ``airfs_``; counters end in ``_total``; sizes are bytes,
 durations seconds. The two latency histograms (:data:`HISTOGRAMS`) are made from the
-bucket counts the core and the origin wrapper keep (:mod:`airfs.histogram`): nothing on the
+bucket counts the core and the origin wrapper keep (:mod:`airfs.obs.histogram`): nothing on the
 request path calls prometheus-client. :data:`METRICS` lists every name (the README's table is
 made from it).
 

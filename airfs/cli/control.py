@@ -1,7 +1,7 @@
 """The client side of ``airfs umount``, ``status``, ``warm`` and ``flush``: find the mount a
 path is on, ask its daemon over the control socket (:mod:`airfs.control.client`), show progress
 on a terminal, and turn the answer into output and an exit code (0; 1 with a one-line reason; 3
-when an unmount left writes pending). The status text itself is :mod:`airfs.cli_status`.
+when an unmount left writes pending). The status text itself is :mod:`airfs.cli.status`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import sys
 import time
 from typing import Any
 
-from airfs.cli_mount import mounts
-from airfs.cli_options import fail
-from airfs.cli_status import human, print_status
 from airfs.control import client
 from airfs.control.protocol import MOUNT_TYPE
+
+from .mount import mounts
+from .options import fail
+from .status import human, print_status
 
 
 def _require_mount(path: str) -> str:

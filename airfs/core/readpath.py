@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from .origin.aio import AsyncOrigin
+from airfs.origin.aio import AsyncOrigin
 
 
 @dataclass(frozen=True, slots=True)

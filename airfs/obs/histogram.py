@@ -7,7 +7,7 @@ operation has been seen). It is meant for one thread (the trio loop): it takes n
 
 :meth:`Latencies.snapshot` returns frozen :class:`LatencyHistogram` records (bounds, counts per
 bucket, sum). The metrics endpoint turns them into Prometheus histograms at scrape time
-(:mod:`airfs.metrics`), ``airfs status`` prints p50/p99 from :meth:`LatencyHistogram.quantile`.
+(:mod:`airfs.obs.metrics`), ``airfs status`` prints p50/p99 from :meth:`LatencyHistogram.quantile`.
 
 Buckets: :data:`BOUNDS`, 10 µs to 10 s in 1-2.5-5 steps, so that both an answer from memory or a
 local disk (tens of µs) and an S3 request (tens of ms to seconds) land in a bucket of their own

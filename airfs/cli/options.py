@@ -56,7 +56,7 @@ def positive_seconds(text: str) -> float:
 
 def metrics_address(text: str) -> str:
     """``[ADDR:]PORT`` for ``--metrics``, normalised to ``ADDR:PORT``."""
-    from airfs.metrics import parse_address
+    from airfs.obs.metrics import parse_address
 
     try:
         host, port = parse_address(text)

@@ -1,6 +1,6 @@
 """``airfs status`` as text: one line per part of a mount (origin, operations and their
 latency, cache, reads, prefetch, pending and committed writes, FUSE transport, catalog), from
-the JSON record the daemon's ``status`` returns (:meth:`airfs.daemon.Daemon.status`). Pure
+the JSON record the daemon's ``status`` returns (:meth:`airfs.daemon.control.Daemon.status`). Pure
 formatting: no I/O but ``print``.
 """
 
@@ -32,7 +32,7 @@ def _duration(s: float | None) -> str:
 
 def _latency_line(hists: dict[str, Any], most: int = 6) -> str:
     """``op p50/p99`` for the ``most`` operations with the most calls (status JSON records:
-    see :meth:`airfs.histogram.LatencyHistogram.to_dict`)."""
+    see :meth:`airfs.obs.histogram.LatencyHistogram.to_dict`)."""
     top = sorted(hists.items(), key=lambda kv: (-int(kv[1].get("count") or 0), kv[0]))[:most]
     return ", ".join(
         f"{op} {_duration(h.get('p50'))}/{_duration(h.get('p99'))}"

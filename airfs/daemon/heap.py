@@ -8,8 +8,8 @@ system when it is at the very top of the main heap. The daemon's worker threads 
 cache, obstore's runtime) allocate and free many buffers of 1-64 MiB, so after a few load
 rounds tens of MiB sit free in a dozen arenas (``mallinfo2().fordblks``), for good.
 
-Two remedies, both applied by the daemon (:func:`airfs.mount.run`) and both no-ops where the
-C library is not glibc:
+Two remedies, both applied by the daemon (:func:`airfs.daemon.process.run`) and both no-ops where
+the C library is not glibc:
 
 * :func:`limit_arenas` caps the arenas (``mallopt(M_ARENA_MAX)``) before any worker thread
   starts, unless ``MALLOC_ARENA_MAX`` is in the environment (then glibc's own reading of it

@@ -1,9 +1,9 @@
 """``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
 
 This module is the parser and the dispatch (the console script ``airfs.cli:main``); the commands
-live beside it: :mod:`airfs.cli_mount` (``mount``), :mod:`airfs.cli_control` (``umount``,
-``status``, ``warm``, ``flush``), :mod:`airfs.cli_status` (the status text) and
-:mod:`airfs.cli_options` (value types and one-line usage errors).
+live beside it: :mod:`airfs.cli.mount` (``mount``), :mod:`airfs.cli.control` (``umount``,
+``status``, ``warm``, ``flush``), :mod:`airfs.cli.status` (the status text) and
+:mod:`airfs.cli.options` (value types and one-line usage errors).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
 writes still pending (they stay in the journal and commit at the next mount).
@@ -17,21 +17,22 @@ import os
 import sys
 
 from airfs.catalog.cli import register as register_catalog
-from airfs.cli_control import cmd_flush as cmd_flush
-from airfs.cli_control import cmd_status as cmd_status
-from airfs.cli_control import cmd_umount as cmd_umount
-from airfs.cli_control import cmd_warm as cmd_warm
-from airfs.cli_mount import cmd_mount as cmd_mount
-from airfs.cli_options import Parser, octal_mode
-from airfs.cli_options import _join_negative_values as _join_negative_values
-from airfs.cli_options import fail as fail
-from airfs.cli_options import metrics_address as metrics_address
-from airfs.cli_options import parse_size as parse_size
-from airfs.cli_options import positive_int as positive_int
-from airfs.cli_options import positive_seconds as positive_seconds
-from airfs.cli_options import positive_size as positive_size
-from airfs.cli_options import seconds as seconds
 from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
+
+from .control import cmd_flush as cmd_flush
+from .control import cmd_status as cmd_status
+from .control import cmd_umount as cmd_umount
+from .control import cmd_warm as cmd_warm
+from .mount import cmd_mount as cmd_mount
+from .options import Parser, octal_mode
+from .options import _join_negative_values as _join_negative_values
+from .options import fail as fail
+from .options import metrics_address as metrics_address
+from .options import parse_size as parse_size
+from .options import positive_int as positive_int
+from .options import positive_seconds as positive_seconds
+from .options import positive_size as positive_size
+from .options import seconds as seconds
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,2 @@
+"""Observability: latency histograms (:mod:`.histogram`) and the Prometheus exposition of
+every component's statistics records (:mod:`.metrics`)."""
