@@ -64,21 +64,27 @@ class FileOps(CoreBase):
 
     async def _writable(self, h: Handle) -> Staged:
         """The staged file a write through ``h`` goes to: a closed (journaled) version is
-        never written again, its writers move to a copy."""
+        never written again, its writers move to a copy (one copy for concurrent writes:
+        :meth:`~airfs.writeback.staging.StagingArea.fork`)."""
         st = h.staged
         assert st is not None
-        if not (st.closed_version or st.uploading) or self.passthrough.in_place(st):
-            return st
-        new = await self.area.fork(st)
-        for other in self.handles.values():
-            if other.writable and other.staged is st:
+        while (st.closed_version or st.uploading) and not self.passthrough.in_place(st):
+            new = await self.area.fork(st)
+            if new is st:
+                break  # deleted while open: written in place
+            moved = [o for o in self.handles.values() if o.writable and o.staged is st]
+            if h.staged is st and h not in moved:
+                moved.append(h)  # opened on ``st`` while it was being copied
+            for other in moved:
                 other.staged = new
                 st.refs -= 1
                 new.refs += 1
-        if h.node.staged is st:
-            h.node.staged = new
-        self.area.release(st)
-        return new
+            if h.node.staged is st:
+                h.node.staged = new
+            self.area.release(st)
+            assert h.staged is not None
+            st = h.staged
+        return st
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
         reader = self.readpath.open(obj)

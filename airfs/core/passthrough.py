@@ -130,8 +130,9 @@ class Passthrough:
 
         ``rdwr``: the open is ``O_RDWR``, so it may be mapped shared and writable, and the
         kernel's passthrough mapping outlives the open (writes made through it after the
-        ``close()`` would never be journaled): such an open does not *start* passthrough of a
-        staged file (it joins one already running on the inode, never mixing modes)."""
+        ``close()`` would never be journaled): such an open of a staged file is never passed
+        through. On an inode whose other opens pass through, it is an open of other bytes
+        than theirs (ESTALE, a new inode: above), so that it is daemon-served."""
         ino = h.node.ino
         mode = self._modes.get(ino)
         if mode is not None and not mode.passthrough:
@@ -179,8 +180,8 @@ class Passthrough:
     async def _candidate(self, h: Handle, *, starting: bool, rdwr: bool) -> _Candidate | None:
         st = h.staged
         if st is not None:
-            if h.writable and starting and (rdwr or not self._room()):
-                return None
+            if h.writable and (rdwr or (starting and not self._room())):
+                return None  # an O_RDWR open never passes through, not even by joining
             return _Candidate(st.fd, f"staged:{st.id}")
         ref: ObjectRef | None = getattr(h.reader, "ref", None)
         local_file = getattr(self.readpath, "local_file", None)

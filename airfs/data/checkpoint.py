@@ -105,6 +105,10 @@ class VolumeWriter(FileSystemWriter):
         )
         self._auto_sync = sync_files is None
         self._mountpoint: str | None = None
+        if not overwrite and is_complete(self.path):
+            # here, in the caller's frame, so that ``except FileExistsError`` catches it
+            # (inside dcp.save it would arrive wrapped in torch's CheckpointException)
+            raise FileExistsError(_complete_message(self.path))
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         super().set_up_storage_writer(is_coordinator, *args, **kwargs)
@@ -120,10 +124,9 @@ class VolumeWriter(FileSystemWriter):
         except PermissionError as exc:  # a governed volume says which privilege is missing
             raise explain(exc, os.fspath(self.path), "write") from exc
         if not self.overwrite and is_complete(self.path):
-            raise FileExistsError(
-                f"{self.path} already holds a complete checkpoint; save into a fresh "
-                "directory, or pass overwrite=True"
-            )
+            # completed by someone else since this writer was made: dcp.save reports it as
+            # torch's CheckpointException with this FileExistsError in its ``failures``
+            raise FileExistsError(_complete_message(self.path))
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -213,6 +216,13 @@ class VolumeReader(FileSystemReader):
             return
         with ThreadPoolExecutor(min(self.prefetch_threads, len(paths))) as pool:
             list(pool.map(_willneed, paths))
+
+
+def _complete_message(path: str | os.PathLike[str]) -> str:
+    return (
+        f"{os.fspath(path)} already holds a complete checkpoint; save into a fresh "
+        "directory, or pass overwrite=True"
+    )
 
 
 def _willneed(path: str) -> None:

@@ -195,12 +195,29 @@ class StagingArea(StagedBytes):
 
     async def fork(self, st: Staged) -> Staged:
         """``st`` is a closed version that is still open for writing (written again after
-        ``close()`` of one of its descriptors, or after ``fsync``): its writers move to a
-        copy, so the journaled bytes stay as they were."""
+        ``close()`` of one of its descriptors, through a shared mapping that outlives the
+        ``close()``, or after ``fsync``): its writers move to a copy, so the journaled bytes
+        stay as they were. Returns the version to write into (``st`` itself when its file
+        was deleted while open: nothing will commit it).
+
+        Concurrent forks of one version (the kernel writes a mapping's dirty pages back in
+        parallel WRITEs) make one copy: the later callers wait for it and get the same new
+        version (it may itself be closed again by then: callers loop until the version they
+        get is writable). A fork that failed (ENOSPC) is tried again by the next caller."""
+        while st.forking is not None:
+            await st.forking.wait()
+        if st.forked_to is not None:
+            return st.forked_to
         if st.ps is None or st.ps.live is not st:
-            return st  # deleted while open: nothing will commit it, write in place
-        new = await self._new_version(st, copy=True)
+            return st
+        ev = st.forking = trio.Event()
+        try:
+            new = await self._new_version(st, copy=True)
+        finally:
+            st.forking = None
+            ev.set()
         new.writers, st.writers = st.writers, 0
+        st.forked_to = new
         return new
 
     def close_writer(self, st: Staged) -> None:
@@ -211,6 +228,8 @@ class StagingArea(StagedBytes):
         st.writers -= 1
         if st.writers == 0:
             self.journal_closed(st)
+            if st.ps is not None and st.ps.path is not None and st.closed_version:
+                self.on_ready(st.ps)  # a closed version waits for its last writer
 
     def journal_closed(self, st: Staged) -> None:
         """Record ``st`` as closed with content to commit (no-op if it is clean, deleted, or

@@ -30,12 +30,17 @@ class PathState:
         return self.versions[-1] if self.versions else None
 
     def candidate(self) -> Staged | None:
-        """The version to commit next: the newest closed one, if nothing is uploading."""
+        """The version to commit next: the newest closed one, if nothing is uploading. A
+        closed version that still has writers (``close()`` of one descriptor while the open
+        file lives on: a ``dup``, a child process, or a shared mapping, which keeps the open
+        file until it is unmapped) waits for its last writer to go, unless a barrier
+        (``fsync``, ``msync``, ``airfs flush``, unmount) asked for it: what it would commit is
+        likely to be followed at once by a newer version."""
         if self.uploading is not None or self.path is None or self.held:
             return None
         for v in reversed(self.versions):
             if v.closed_version and v.dirty:
-                return v
+                return v if v.writers == 0 or v.urgent else None
         return None
 
 
@@ -80,6 +85,10 @@ class Staged:
     #: (``close_wanted``) is made when the last one ends
     inflight: int = 0
     close_wanted: bool = False
+    #: a fork of this version in progress (set while it copies), and the version it made:
+    #: concurrent writes that need the fork wait for the one copy and follow it
+    forking: trio.Event | None = None
+    forked_to: Staged | None = None
 
     @property
     def path(self) -> str | None:

@@ -218,6 +218,29 @@ def test_mmap_read_and_write(pvolume: Callable[..., Volume]) -> None:
     assert v.origin_bytes("m.bin") == bytes(data)
 
 
+def test_an_rdwr_open_never_joins_a_passthrough_writer(pvolume: Callable[..., Volume]) -> None:
+    """An ``O_RDWR`` open of a file that an ``O_WRONLY`` writer passes through (its mapping
+    would go to the staging file and outlive its ``close()``, unseen) is daemon-served on a
+    new inode: writes made through its mapping after the ``close()`` reach the origin."""
+    v = pvolume()
+    p0, _, _ = counts(v)
+    writer = open(v.root / "w.bin", "wb")  # noqa: SIM115  (passed through)
+    try:
+        writer.write(b"a" * (64 * 1024))
+        writer.flush()
+        assert counts(v)[0] == p0 + 1
+        fd = os.open(v.root / "w.bin", os.O_RDWR)
+        m = mmap.mmap(fd, 64 * 1024)
+        os.close(fd)
+        m[:5] = b"MAPPD"
+        m.close()
+    finally:
+        writer.close()
+    assert counts(v)[0] == p0 + 1  # the O_RDWR open was not passed through
+    v.m.flush()
+    assert v.origin_bytes("w.bin") == b"MAPPD" + b"a" * (64 * 1024 - 5)
+
+
 def test_truncate_and_rename_over_keep_the_old_bytes_of_a_passthrough_reader(
     pvolume: Callable[..., Volume],
 ) -> None:

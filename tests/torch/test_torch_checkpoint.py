@@ -209,9 +209,12 @@ def test_standard_dcp_format_both_ways(dist_pool, volume_dir: Path):
 
 def test_refuses_to_overwrite_a_complete_checkpoint_unless_asked(volume_dir: Path):
     path = str(volume_dir / "c")
+    early = VolumeWriter(path)  # made before the checkpoint below is complete
     dcp.save({"x": torch.ones(4)}, storage_writer=VolumeWriter(path), no_dist=True)
-    with pytest.raises(CheckpointException) as info:
-        dcp.save({"x": torch.zeros(4)}, storage_writer=VolumeWriter(path), no_dist=True)
+    with pytest.raises(FileExistsError, match="already holds a complete checkpoint"):
+        VolumeWriter(path)  # refused where ``except FileExistsError`` catches it
+    with pytest.raises(CheckpointException) as info:  # completed since it was made
+        dcp.save({"x": torch.zeros(4)}, storage_writer=early, no_dist=True)
     assert isinstance(info.value.failures[0][0], FileExistsError)
     dcp.save(
         {"x": torch.full((4,), 7.0)},

@@ -3,7 +3,9 @@ daemon builds it (:func:`airfs.daemon.build.build`), over a memory origin with i
 
 Steps: write-and-close (with and without ``O_TRUNC``), create with ``O_RDONLY``, a writer kept
 open across other steps (partial rewrites, and writes long enough to run in a worker thread),
-close, fsync, truncate without a handle, rename
+close, fsync, a *mapping that outlives close* (the descriptor's ``close()`` — FLUSH — while the
+open file lives on, then writes through it, parallel write-backs of its pages, ``msync``
+(fsync) and the unmap — RELEASE), truncate without a handle, rename
 (over staged, committed and new files), unlink, origin outages, ``flush``, and **crash +
 restart at any step** (all
 in-memory state dropped, rebuilt from the journal and the staging files).
@@ -21,6 +23,7 @@ import os
 import tempfile
 
 import hypothesis.strategies as hs
+import trio
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -58,6 +61,8 @@ class WriteBackModel(RuleBasedStateMachine):
         self.closed: dict[str, bytes] = {}
         self.live: dict[str, bytes] = {}
         self.writer: tuple[str, int] | None = None
+        #: the writer's descriptor was closed (FLUSH) but its open file lives on (a mapping)
+        self.mapped = False
         self.down = False
 
     def teardown(self) -> None:
@@ -134,11 +139,51 @@ class WriteBackModel(RuleBasedStateMachine):
     @precondition(lambda self: self.writer is not None)
     @rule()
     def close_writer(self) -> None:
+        """``close()`` of the descriptor and the end of the open file (for a mapped writer:
+        the unmap, which ends it; its last pages were written back before)."""
         assert self.writer is not None
         path, fh = self.writer
-        self.host.call(lambda b: ch.close(b, fh))
+        if self.mapped:
+            self.host.call(lambda b: b.fs.release(fh))
+        else:
+            self.host.call(lambda b: ch.close(b, fh))
         self.closed[path] = self.live[path]
         self.writer = None
+        self.mapped = False
+
+    @precondition(lambda self: self.writer is not None and not self.mapped)
+    @rule()
+    def close_keeping_a_mapping(self) -> None:
+        """``close()`` of a descriptor whose file is mapped (numpy.memmap): FLUSH only."""
+        assert self.writer is not None
+        path, fh = self.writer
+        self.host.call(lambda b: b.fs.flush(fh))
+        self.closed[path] = self.live[path]  # close() returned: durable
+        self.mapped = True
+
+    @precondition(lambda self: self.writer is not None)
+    @rule(
+        pages=hs.lists(hs.integers(0, 12), min_size=2, max_size=4, unique=True),
+        fill=hs.integers(1, 255),
+    )
+    def parallel_writebacks(self, pages: list[int], fill: int) -> None:
+        """Writes of several disjoint pages at once (the kernel writes a mapping's dirty pages
+        back in parallel WRITEs, each of which may need the closed version forked)."""
+        assert self.writer is not None
+        path, fh = self.writer
+        page = 8
+
+        async def go(b: Built) -> None:
+            async with trio.open_nursery() as n:
+                for i in pages:
+                    n.start_soon(b.fs.write, fh, i * page, bytes([fill]) * page)
+
+        self.host.call(go)
+        cur = bytearray(self.live[path])
+        for i in pages:
+            cur += b"\0" * max(0, (i + 1) * page - len(cur))
+            cur[i * page : (i + 1) * page] = bytes([fill]) * page
+        self.live[path] = bytes(cur)
 
     @precondition(lambda self: self.writer is not None and not self.down)
     @rule()
@@ -208,6 +253,7 @@ class WriteBackModel(RuleBasedStateMachine):
     def crash(self) -> None:
         self.host.crash()
         self.writer = None
+        self.mapped = False
         self.live = dict(self.closed)
 
     # -- what must hold at every step ------------------------------------------------------
@@ -236,3 +282,33 @@ WriteBackModel.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestWriteBackModel = WriteBackModel.TestCase
+
+
+def test_parallel_writes_through_a_mapping_after_close_fork_once() -> None:
+    """Regression (issue: writes through a mapping after ``close()`` lost): after the FLUSH of
+    a mapped file's descriptor, the kernel's parallel write-backs of its pages each found the
+    journaled version closed and forked it; every fork but the first failed with ENOENT
+    ("removed while being opened"), so ``msync`` failed and those pages were lost."""
+    mem = MemoryOrigin()
+    with tempfile.TemporaryDirectory() as d:
+        host = ch.CoreHost(LatencyOrigin(mem, 0.002), os.path.join(d, "cache"))
+        try:
+            host.call(lambda b: ch.write_file(b, "a", b"x" * 100))
+
+            async def go(b: Built) -> None:
+                fh = await ch.open_file(b, "a", os.O_RDWR)
+                await b.fs.write(fh, 0, b"abc")
+                await b.fs.flush(fh)  # close() of the descriptor; the mapping lives on
+                async with trio.open_nursery() as n:
+                    for i in range(3):
+                        n.start_soon(b.fs.write, fh, 10 + i * 8, bytes([65 + i]) * 8)
+                await b.fs.fsync(fh)  # msync(MS_SYNC)
+                await b.fs.release(fh)  # munmap
+
+            host.call(go)
+            want = b"abc" + b"x" * 7 + b"A" * 8 + b"B" * 8 + b"C" * 8 + b"x" * 66
+            assert host.call(lambda b: ch.read(b, "a")) == want
+            host.call(lambda b: b.uploader.flush(""))
+            assert mem.read_range("a", 0, 1 << 20) == want
+        finally:
+            host.close()
