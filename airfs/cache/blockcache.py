@@ -349,6 +349,10 @@ class CachedReadPath:
         self._check_running()
         return await self.backing.acquire(obj, fetch_max=fetch_max)
 
+    def backing_statistics(self) -> dict[str, int]:
+        """See :meth:`airfs.core.readpath.ReadPath.backing_statistics`."""
+        return self.backing.statistics()
+
     def statistics(self) -> CacheStatistics:
         """A frozen snapshot for ``airfs status`` and metrics (fields: :class:`CacheStatistics`)."""
         s = self.stats
