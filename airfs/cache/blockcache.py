@@ -82,16 +82,7 @@ class CachedReader:
             raise ValueError("read from a closed reader")
         if offset < 0 or size < 0:
             raise ValueError("negative offset or size")
-        obj = self.obj
-        end = min(obj.size, offset + size)
-        if end <= offset:
-            return b""
-        rp = self._rp
-        rp._check_running()
-        if obj.have is None:
-            await rp._keeper.ensure_loaded(obj)
-        span = self.stream.on_read(offset, end - offset, obj.size)
-        return await rp._reads.read(obj, offset, end, self, span)
+        return await self._rp.read_for(self, offset, size)
 
     def active_range(self) -> tuple[int, int]:
         """Bytes the reader is using now; never evicted (see :mod:`airfs.cache.evict`)."""
@@ -102,7 +93,7 @@ class CachedReader:
         if self.closed:
             return
         self.closed = True
-        self._rp._reader_closed(self)
+        self._rp.reader_closed(self)
 
 
 class CachedReadPath:
@@ -358,6 +349,10 @@ class CachedReadPath:
         self._check_running()
         return await self.backing.acquire(obj, fetch_max=fetch_max)
 
+    def backing_statistics(self) -> dict[str, int]:
+        """See :meth:`airfs.core.readpath.ReadPath.backing_statistics`."""
+        return self.backing.statistics()
+
     def statistics(self) -> CacheStatistics:
         """A frozen snapshot for ``airfs status`` and metrics (fields: :class:`CacheStatistics`)."""
         s = self.stats
@@ -405,7 +400,20 @@ class CachedReadPath:
         """Write everything changed to the index now (one transaction, in a thread)."""
         await self._keeper.flush()
 
-    def _reader_closed(self, reader: CachedReader) -> None:
+    async def read_for(self, reader: CachedReader, offset: int, size: int) -> bytes:
+        """:meth:`CachedReader.read` (checked there): the reader's stream decides what to
+        fetch ahead, the planner serves the bytes."""
+        obj = reader.obj
+        end = min(obj.size, offset + size)
+        if end <= offset:
+            return b""
+        self._check_running()
+        if obj.have is None:
+            await self._keeper.ensure_loaded(obj)
+        span = reader.stream.on_read(offset, end - offset, obj.size)
+        return await self._reads.read(obj, offset, end, reader, span)
+
+    def reader_closed(self, reader: CachedReader) -> None:
         obj = reader.obj
         obj.readers.discard(reader)
         self._readers.discard(reader)

@@ -67,10 +67,8 @@ class CatalogStore:
 
     @property
     def conditional(self) -> bool:
-        """Whether the origin checks ``if_match`` atomically."""
-        probe = getattr(self.origin, "conditional_writes", None)
-        if probe is not None:
-            return bool(probe)
+        """Whether the origin checks ``if_match`` atomically (an S3 origin probes its
+        server once: see its ``capabilities``)."""
         return self.origin.capabilities.conditional_put
 
     def load(self) -> tuple[Metastore | None, str]:

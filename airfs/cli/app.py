@@ -25,8 +25,8 @@ from .control import cmd_umount as cmd_umount
 from .control import cmd_warm as cmd_warm
 from .mount import cmd_mount as cmd_mount
 from .options import Parser, octal_mode
-from .options import _join_negative_values as _join_negative_values
 from .options import fail as fail
+from .options import join_negative_values as join_negative_values
 from .options import metrics_address as metrics_address
 from .options import parse_size as parse_size
 from .options import positive_int as positive_int
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     (usage errors exit 2 from the parser)."""
     argv = sys.argv[1:] if argv is None else argv
     try:
-        args = build_parser().parse_args(_join_negative_values(argv))
+        args = build_parser().parse_args(join_negative_values(argv))
         return int(args.func(args))
     except KeyboardInterrupt:
         return 130

@@ -151,7 +151,7 @@ def cmd_flush(args: argparse.Namespace) -> int:
         res = client.request(
             mp,
             "flush",
-            path=client._rel_paths(mp, [args.path])[0],
+            path=client.rel_paths(mp, [args.path])[0],
             on_progress=_progress_printer("flush", not args.quiet),
             timeout=args.timeout,
         )

@@ -83,7 +83,7 @@ class Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def _join_negative_values(argv: list[str]) -> list[str]:
+def join_negative_values(argv: list[str]) -> list[str]:
     """``--cache-size -5G`` → ``--cache-size=-5G``, so that argparse hands a negative value to
     the option's type (which says what is wrong) instead of taking it for an unknown option.
     No airfs option starts with a digit, so ``-<digit>...`` is always a value."""

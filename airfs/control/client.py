@@ -157,7 +157,9 @@ def status(mountpoint: str) -> dict[str, Any]:
     return result
 
 
-def _rel_paths(mountpoint: str, paths: Iterable[str]) -> list[str]:
+def rel_paths(mountpoint: str, paths: Iterable[str]) -> list[str]:
+    """``paths`` relative to the mount at ``mountpoint`` (what control requests name); a
+    path outside it is a :class:`ControlError`."""
     root = os.path.realpath(mountpoint)
     out = []
     for p in paths:
@@ -179,7 +181,7 @@ def warm(
 ) -> dict[str, Any]:
     """Fetch whole files (directories recursively) into the mount's cache."""
     result = request(
-        mountpoint, "warm", paths=_rel_paths(mountpoint, paths), jobs=jobs, on_progress=on_progress
+        mountpoint, "warm", paths=rel_paths(mountpoint, paths), jobs=jobs, on_progress=on_progress
     )
     assert isinstance(result, dict)
     return result
@@ -187,13 +189,13 @@ def warm(
 
 def prefetch(mountpoint: str, paths: Iterable[str]) -> None:
     """Ask the daemon to start fetching ``paths`` in the background; returns at once."""
-    request(mountpoint, "prefetch", paths=_rel_paths(mountpoint, paths))
+    request(mountpoint, "prefetch", paths=rel_paths(mountpoint, paths))
 
 
 def flush(mountpoint: str, path: str | None = None, timeout: float | None = None) -> dict[str, Any]:
     """Return once every write under ``path`` (default: the whole mount) made before the call
     is committed at the origin. Raises :class:`ControlError` if some cannot be committed."""
-    rel = _rel_paths(mountpoint, [path or mountpoint])[0]
+    rel = rel_paths(mountpoint, [path or mountpoint])[0]
     result = request(mountpoint, "flush", path=rel, timeout=timeout)
     assert isinstance(result, dict)
     return result

@@ -392,10 +392,9 @@ class CoreBase:
             if node.cached_version == f"staged:{st.id}" and not st.dirty:
                 node.cached_version = entry.version
         self.readpath.discard(path, keep=entry.version)  # the versions this one replaced
-        adopt = getattr(self.readpath, "adopt", None)
-        if adopt is not None and not st.dirty and entry.size == st.size <= ADOPT_MAX:
+        if not st.dirty and entry.size == st.size <= ADOPT_MAX:
             try:
-                await adopt(ObjectRef(path, entry.version, entry.size), st.file)
+                await self.readpath.adopt(ObjectRef(path, entry.version, entry.size), st.file)
             except (OSError, ValueError) as exc:
                 log.warning("could not keep %s in the cache after commit: %s", path, exc)
 

@@ -53,10 +53,6 @@ class Node:
     #: the file's other names (hard links), besides ``path``
     aliases: set[str] = field(default_factory=set)
 
-    @property
-    def detached(self) -> bool:
-        return self.path is None
-
 
 class InodeTable:
     """Maps inode numbers and paths to nodes. Not thread-safe: used from the trio loop only."""

@@ -55,11 +55,9 @@ from airfs.origin.base import OriginError
 from airfs.writeback.staging import Staged, StagingArea
 
 from .inodes import InodeTable
-from .readpath import ObjectRef, ReadPath
+from .readpath import LocalFile, ReadPath
 
 if TYPE_CHECKING:
-    from airfs.cache.backing import LocalFile
-
     from .fs import Handle
 
 log = logging.getLogger(__name__)
@@ -183,14 +181,11 @@ class Passthrough:
             if h.writable and (rdwr or (starting and not self._room())):
                 return None  # an O_RDWR open never passes through, not even by joining
             return _Candidate(st.fd, f"staged:{st.id}")
-        ref: ObjectRef | None = getattr(h.reader, "ref", None)
-        local_file = getattr(self.readpath, "local_file", None)
-        if ref is None or local_file is None:
+        if h.reader is None:
             return None
+        ref = h.reader.ref
         try:
-            lf: LocalFile | None = await local_file(
-                ref, fetch_max=self.small_max if starting else 0
-            )
+            lf = await self.readpath.local_file(ref, fetch_max=self.small_max if starting else 0)
         except OriginError as exc:
             log.debug("%s: not fetched whole at open (%s); served by the daemon", ref.path, exc)
             return None
@@ -280,8 +275,6 @@ class Passthrough:
     def statistics(self) -> dict[str, Any]:
         out: dict[str, Any] = dict(self.counts)
         out["passthrough_handles"] = sum(1 for r in self._opens.values() if r.passthrough)
-        backing = getattr(self.readpath, "backing", None)
-        if backing is not None:
-            out.update(backing.statistics())
+        out.update(self.readpath.backing_statistics())
         return out
 

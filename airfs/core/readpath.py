@@ -58,8 +58,29 @@ class DirectStatistics:
         return {"kind": self.kind}
 
 
+class LocalFile(Protocol):
+    """A complete, verified local copy of one object version (a cache file) that the kernel
+    may serve directly (FUSE passthrough): ``fd`` is valid until :meth:`release`; ``key`` names
+    the file's content (equal keys: the same bytes)."""
+
+    @property
+    def fd(self) -> int: ...
+
+    @property
+    def key(self) -> str: ...
+
+    def release(self) -> None:
+        """The caller is done with the file (it may be evicted again)."""
+        ...
+
+
 class Reader(Protocol):
     """A read stream over one object version (one per open file handle)."""
+
+    @property
+    def ref(self) -> ObjectRef:
+        """The object version this reader reads."""
+        ...
 
     async def read(self, offset: int, size: int) -> bytes:
         """Up to ``size`` bytes at ``offset``; short only at the end of the object."""
@@ -85,6 +106,24 @@ class ReadPath(Protocol):
         """A frozen snapshot of the read path's state and counters."""
         ...
 
+    async def adopt(self, obj: ObjectRef, local_file: str) -> bool:
+        """Take the complete local file ``local_file`` (exactly ``obj``'s bytes, copied: the
+        caller keeps it) as the cached content of ``obj`` (a file just committed from this
+        node). False when nothing was kept (no cache, or no room); ``ValueError`` when the
+        file's size is not ``obj.size``."""
+        ...
+
+    async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+        """A complete, verified local file of ``obj`` (fetched whole first when it is not
+        cached and at most ``fetch_max`` bytes), pinned until released; None when there is
+        none (no cache, not complete). Raises the origin's errors of such a fetch."""
+        ...
+
+    def backing_statistics(self) -> dict[str, int]:
+        """Counters of the local files handed out by :meth:`local_file` (empty without a
+        cache)."""
+        ...
+
     def discard(self, path: str, keep: str | None = None) -> int:
         """The origin no longer has the versions of ``path`` other than ``keep`` (None: the
         path itself is gone: deleted or renamed away). A cache forgets them — what nobody
@@ -101,6 +140,10 @@ class _DirectReader:
     def __init__(self, origin: AsyncOrigin, obj: ObjectRef) -> None:
         self._origin = origin
         self._obj = obj
+
+    @property
+    def ref(self) -> ObjectRef:
+        return self._obj
 
     async def read(self, offset: int, size: int) -> bytes:
         size = max(0, min(size, self._obj.size - offset))
@@ -129,6 +172,15 @@ class DirectReadPath:
 
     def statistics(self) -> DirectStatistics:
         return DirectStatistics()
+
+    async def adopt(self, obj: ObjectRef, local_file: str) -> bool:
+        return False
+
+    async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+        return None
+
+    def backing_statistics(self) -> dict[str, int]:
+        return {}
 
     async def aclose(self) -> None:
         pass

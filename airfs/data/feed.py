@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..control import client
 from .listing import Entry
-from .localcache import LocalCache, _warn_once
+from .localcache import LocalCache, warn_once
 from .stats import BYTES, COPIES, HITS, PREFETCH, WAIT_NS, Counters
 
 
@@ -43,7 +43,7 @@ def mount_paths(
                     exc = sent.popleft().exception()
                     if exc is not None and enabled:
                         enabled = False
-                        _warn_once(
+                        warn_once(
                             f"prefetch:{mountpoint}",
                             f"airfs: cannot ask the daemon of {mountpoint} to prefetch "
                             f"({exc}); reading without prefetch",

@@ -116,7 +116,7 @@ class LocalCache:
             return dest, True
         limit = self.max_bytes  # before taking the lock: computing it may need the lock
         if size > limit:
-            _warn_once(
+            warn_once(
                 f"uncached:{self.directory}",
                 f"{src} ({size} bytes) is larger than the local cache limit ({self.max_bytes} "
                 "bytes): served from the origin, uncached",
@@ -273,7 +273,7 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     """Log ``message`` as a warning the first time ``key`` is seen in this process."""
     with _warned_lock:
         if key in _warned:

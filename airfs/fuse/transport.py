@@ -48,11 +48,34 @@ class TransportOptions:
     passthrough: bool = True
 
 
+class GoneRequestReplies(logging.Filter):
+    """libfuse logs ``fuse_<op>(): fuse_reply_* failed with No such file or directory`` as an
+    error when the kernel no longer waits for a reply: the request was interrupted, or it
+    was an asynchronous RELEASE/RELEASEDIR answered while the file system was being
+    unmounted. Nothing is lost (the kernel transport ignores ENOENT on a reply for the same
+    reason): the line is kept at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        if (
+            record.levelno >= logging.ERROR
+            and "fuse_reply_" in msg
+            and msg.endswith("No such file or directory")
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
 class Pyfuse3Transport:
     """libfuse through pyfuse3 (options as libfuse spells them)."""
 
     def __init__(self, fs: Filesystem, ttl: float, opts: TransportOptions) -> None:
         from airfs.fuse.ops import FuseOps
+
+        gone = logging.getLogger("pyfuse3")
+        if not any(isinstance(f, GoneRequestReplies) for f in gone.filters):
+            gone.addFilter(GoneRequestReplies())
 
         self.ops = FuseOps(fs, ttl, on_init=opts.on_init)
         self.options = {

@@ -9,7 +9,6 @@ over ranks, are exact; units with no row left are dropped.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -166,6 +165,3 @@ def count_rows(source: TableSource, unit: Unit, filter: pc.Expression) -> int:
             raise TableError(f"{source.files[unit.file].path}: {exc}") from exc
     return read_unit(source, unit, [source.schema.names[0]], filter).num_rows
 
-
-def unit_path(source: TableSource, unit: Unit) -> str:
-    return os.fspath(source.files[unit.file].path)

@@ -136,10 +136,6 @@ class SeaweedServer:
         return f"http://127.0.0.1:{self.ports['s3.port']}"
 
     @property
-    def filer_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports['filer.port']}"
-
-    @property
     def env(self) -> dict[str, str]:
         return {
             "AWS_ACCESS_KEY_ID": self.access_key,

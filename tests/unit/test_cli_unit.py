@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from airfs.cli.app import _join_negative_values, build_parser, main, parse_size, positive_size
+from airfs.cli.app import build_parser, join_negative_values, main, parse_size, positive_size
 from airfs.cli.fstab import to_cli_args
 from airfs.daemon.process import MountError, check_cache_dir, first_leaf
 
@@ -121,14 +121,14 @@ def test_meaningful_edge_values_are_accepted() -> None:
 
 
 def test_negative_values_reach_their_option() -> None:
-    assert _join_negative_values(["mount", "--ttl", "-1", "-q", "/m"]) == [
+    assert join_negative_values(["mount", "--ttl", "-1", "-q", "/m"]) == [
         "mount", "--ttl=-1", "-q", "/m",
     ]  # fmt: skip
-    assert _join_negative_values(["warm", "-j", "-5", "/m"]) == ["warm", "-j=-5", "/m"]
+    assert join_negative_values(["warm", "-j", "-5", "/m"]) == ["warm", "-j=-5", "/m"]
     # not after a value, nor after "--", nor a non-number
-    assert _join_negative_values(["--ttl=1", "-5"]) == ["--ttl=1", "-5"]
-    assert _join_negative_values(["--", "-5"]) == ["--", "-5"]
-    assert _join_negative_values(["--ttl", "-x"]) == ["--ttl", "-x"]
+    assert join_negative_values(["--ttl=1", "-5"]) == ["--ttl=1", "-5"]
+    assert join_negative_values(["--", "-5"]) == ["--", "-5"]
+    assert join_negative_values(["--ttl", "-x"]) == ["--ttl", "-x"]
 
 
 def test_negative_size_says_what_is_wrong() -> None:

@@ -92,7 +92,7 @@ class Session(Handlers):
         self.negative_ttl = ttl if negative_ttl is None else negative_ttl
         self.on_init = on_init
         self.pages_limit = pages_limit
-        self.passthrough = passthrough and hasattr(fs, "passthrough_source")
+        self.passthrough = passthrough
         self.negotiated: Negotiated | None = None
         self.minor = proto.KERNEL_MINOR
         self._buf = bytearray(read_buffer_size(pages_limit))
@@ -119,8 +119,7 @@ class Session(Handlers):
 
     def statistics(self) -> dict[str, Any]:
         neg = self.negotiated.as_dict() if self.negotiated is not None else {"transport": "kernel"}
-        pt = getattr(self.fs, "passthrough", None)
-        extra = pt.statistics() if pt is not None and hasattr(pt, "statistics") else {}
+        extra = self.fs.passthrough.statistics()
         return {**neg, **self.counts, **extra, "backing_files": len(self._inode_backing)}
 
     async def run(self) -> None:
