@@ -5,6 +5,7 @@ caches matter)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cattest_util import People, Site, governed, put, run_as, site
+from cattest_util import People, Site, airfs_main, governed, put, run_as, site
 
 from airfs.testing.mountfix import fuse_available
 
@@ -181,3 +182,41 @@ def test_a_file_linked_across_volumes_at_the_origin_is_checked_by_each_name(
     assert _as(folks.bob, mp, f"len(open({v + '/a.bin'!r}, 'rb').read())") == ["ok", 5000]
     assert _as(folks.bob, mp, f"len(open({sec + '/a-too.bin'!r}, 'rb').read())")[0] == "EACCES"
     assert os.stat(f"{sec}/a-too.bin").st_ino != os.stat(f"{v}/a.bin").st_ino
+
+
+def test_a_dropped_volumes_files_do_not_go_to_whoever_creates_the_name_again(
+    psite: Site, folks: People
+) -> None:
+    """Issue 20 item 11: alice may create volumes in main.raw; root drops main.raw.secret,
+    alice creates it again and owns it: it is empty and its old files are unreachable by
+    name (moved aside at the origin into the reserved directory, which no mount shows)."""
+    code, out, err = psite.origin.catalog(
+        "grant", "CREATE VOLUME", "ON", "SCHEMA", "main.raw", "TO", folks.alice.name
+    )
+    assert code == 0, (out, err)
+    mp = psite.mount().mountpoint
+    code, out, err = airfs_main("catalog", "--mount", str(mp), "--json", "drop-volume",
+                                "main.raw.secret")  # fmt: skip
+    assert code == 0, err
+    dropped = json.loads(out)
+    r = run_as(
+        folks.alice,
+        mp,
+        """
+        made = airfs("catalog", "--mount", MP, "create-volume", "main.raw.secret")
+        S = MP + "/main/raw/secret"
+        print(json.dumps({"made": made, "list": attempt(lambda: sorted(os.listdir(S))),
+                          "old": attempt(lambda: open(S + "/s.bin", "rb").read().decode())}))
+        """,
+    )
+    assert r["made"][0] == 0, r
+    assert r["list"] == ["ok", []], r
+    assert r["old"][0] == "ENOENT", r
+    # the files are kept aside at the origin (for an admin to restore or delete there)
+    moved = dropped["files_moved_to"]
+    assert moved.startswith(".airfs-catalog/dropped/main.raw.secret@"), dropped
+    origin = psite.base / "origin"
+    assert (origin / moved / "s.bin").read_bytes() == b"s" * 3000
+    assert os.listdir(origin / "main" / "raw" / "secret") == []
+    with pytest.raises(FileNotFoundError):
+        os.stat(mp / ".airfs-catalog" / "dropped")
