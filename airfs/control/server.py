@@ -263,11 +263,12 @@ class ControlServer:
         """``raw`` normalised, and authorised for ``want`` unless the caller is root (root
         may read and write anything: nothing is looked up, so that a flush or a warm never
         waits for the origin, or fails while it is down, before it starts); then, on a
-        governed mount, the catalog's grants for ``op`` (for root too, unless an admin)."""
+        governed mount, the catalog's grants for ``op`` (for root too, unless an admin).
+
+        The catalog is asked first: its answer depends only on the names of the catalog,
+        schema and volume, so a path in a volume the caller may not read is refused alike
+        whether it exists or not (the mode-bit walk, which finds out, comes after)."""
         path = normalize(raw)
-        if caller.uid != 0:
-            lookup: Lookup = self.target.lookup
-            await check_path(caller, path, want, self.target.owner, lookup)
         govern = getattr(self.target, "govern", None)
         if govern is not None:
             try:
@@ -276,6 +277,9 @@ class ControlServer:
                 if exc.errno == errno.ENOENT:
                     raise FileNotFoundError(exc.errno, exc.strerror) from None
                 raise Denied(exc.errno or errno.EACCES, exc.strerror or str(exc)) from None
+        if caller.uid != 0:
+            lookup: Lookup = self.target.lookup
+            await check_path(caller, path, want, self.target.owner, lookup)
         return path
 
     async def _dispatch(self, req: dict[str, Any], caller: Caller, progress: Progress) -> Any:

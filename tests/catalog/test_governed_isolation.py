@@ -5,6 +5,7 @@ caches matter)."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import threading
@@ -220,3 +221,53 @@ def test_a_dropped_volumes_files_do_not_go_to_whoever_creates_the_name_again(
     assert os.listdir(origin / "main" / "raw" / "secret") == []
     with pytest.raises(FileNotFoundError):
         os.stat(mp / ".airfs-catalog" / "dropped")
+
+
+ORACLE = """
+def both(fn, there, missing):
+    a, b = fn(there), fn(missing)
+    text = json.dumps(b).replace(missing, there)
+    text = text.replace(missing.replace("/", "."), there.replace("/", "."))
+    return [a, json.loads(text)]
+out = {
+    "warm": both(lambda p: call("warm", paths=[p]),
+                 "main/raw/secret/s.bin", "main/raw/secret/none.bin"),
+    "prefetch": both(lambda p: call("prefetch", paths=[p]),
+                     "main/raw/secret/s.bin", "main/raw/secret/none.bin"),
+    "flush": both(lambda p: call("flush", path=p),
+                  "main/raw/secret/s.bin", "main/raw/secret/none.bin"),
+    "warm_hidden": both(lambda p: call("warm", paths=[p]), "hidden/s/v/f.bin", "nosuch/s/v/f.bin"),
+    "flush_hidden": both(lambda p: call("flush", path=p), "hidden/s/v/f.bin", "nosuch/s/v/f.bin"),
+    "prefetch_hidden": both(lambda p: call("prefetch", paths=[p]),
+                            "hidden/s/v/f.bin", "nosuch/s/v/f.bin"),
+    "why": both(lambda p: call("catalog", command="why", args={"path": p, "access": "read"}),
+                "hidden/s/v", "nosuch/s/v"),
+    "why_schema": both(lambda p: call("catalog", command="why",
+                                      args={"path": p, "access": "read"}),
+                       "hidden/s", "hidden/t"),
+}
+print(json.dumps(out))
+"""
+
+
+def test_control_answers_do_not_tell_hidden_or_unreadable_names_from_missing_ones(
+    psite: Site, folks: People
+) -> None:
+    """Issue 20 item 12: alice (no USE CATALOG on ``hidden``, no READ VOLUME on
+    main.raw.secret) gets the same errno and text from ``warm``, ``prefetch``, ``flush`` and
+    ``why`` for an existing name there as for a missing one (the catalog is asked before the
+    mode-bit walk)."""
+    mp = psite.mount().mountpoint
+    out = run_as(folks.alice, mp, ORACLE)
+    for k, (there, missing) in out.items():
+        assert there == missing, (k, there, missing)
+    assert out["warm"][0]["errno"] == errno.EACCES, out
+    assert "missing READ VOLUME on volume main.raw.secret" in out["warm"][0]["error"], out
+    assert out["prefetch"][0]["errno"] == errno.EACCES, out
+    assert out["warm_hidden"][0]["errno"] == errno.ENOENT, out
+    assert out["prefetch_hidden"][0] == {"ok": True, "result": {"queued": 0}}, out
+    assert out["why"][0]["result"]["errno"] == errno.ENOENT, out
+    assert "USE CATALOG" not in json.dumps(out), out
+    # bob, who may read hidden.s.v, warms its file
+    r = run_as(folks.bob, mp, 'print(json.dumps(call("warm", paths=["hidden/s/v/f.bin"])))')
+    assert r["ok"] and r["result"]["files"] == 1, r
