@@ -269,14 +269,22 @@ class CoreBase:
             return False
         return time.monotonic() - node.fetched < self.ttl
 
-    def per_caller(self) -> bool:
-        """Whether the kernel's answers about names are the caller's own (a catalog governs:
-        whether a name exists for the caller depends on its grants, at the catalog levels and,
-        through ``READ VOLUME``, inside volumes). Then an entry the kernel gets is not kept
-        (entry timeout 0: every path walk asks again, as its caller) and "no such name" is
-        never a negative entry. Attributes keep the TTL: they are the same for every caller
-        that may reach the inode (the levels' link counts are 1: :meth:`_entry_attr`)."""
-        return self.guard is not None and self.guard.governs()
+    def per_caller(self, ino: int, name: str | None = None) -> bool:
+        """Whether the kernel's answer about inode ``ino`` (with ``name``: about that name in
+        directory ``ino``) is the caller's own: at a governed level (the root, a catalog, a
+        schema, a volume root), where whether a name exists for the caller depends on its
+        grants. Then an entry is not kept (entry timeout 0: every path walk through it asks
+        again, as its caller) and "no such name" is never a negative entry. Attributes keep
+        the TTL: they are the same for every caller that may see the name (the levels' link
+        counts are 1: :meth:`_entry_attr`). Inside a volume the kernel keeps entries for the
+        TTL: a caller reaches them only through its volume root, asked every time."""
+        if self.guard is None or not self.guard.governs():
+            return False
+        try:
+            path = self._path(self.inodes.get(ino))
+        except OSError:
+            return False
+        return self._level(join(path, name) if name is not None else path)
 
     def _level(self, path: str) -> bool:
         """``path`` is the root, a catalog, a schema or a volume root of a governed mount."""

@@ -92,8 +92,8 @@ class Handlers:
         return 0.0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
 
     def _entry_ttl(self, a: Attr) -> float:
-        """No entry timeout where a catalog governs (a name is the caller's own answer)."""
-        return 0.0 if self.fs.per_caller() else self.ttl
+        """No entry timeout at a governed level (a name there is the caller's own answer)."""
+        return 0.0 if self.fs.per_caller(a.ino) else self.ttl
 
     def _entry(self, a: Attr) -> bytes:
         return proto.entry_out(a, self._entry_ttl(a), self._attr_ttl(a))
@@ -106,7 +106,9 @@ class Handlers:
             return self._entry(await self.fs.lookup(req.nodeid, nm))
         except OSError as exc:
             if (
-                exc.errno == errno.ENOENT and self.negative_ttl > 0 and not self.fs.per_caller()
+                exc.errno == errno.ENOENT
+                and self.negative_ttl > 0
+                and not self.fs.per_caller(req.nodeid, nm)
             ):  # a governed "no such name" may be "not for you": never kept for others
                 return proto.negative_entry(self.negative_ttl)
             raise
