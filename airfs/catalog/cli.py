@@ -229,7 +229,10 @@ def register(sub: Any) -> None:
             f"drop-{kind}",
             help=f"drop an empty {kind}" if depth < 3 else "drop a volume",
             description=f"Remove {kind} {form} from the catalog (needs MANAGE or ownership)."
-            + (" Its files stay at the origin, hidden from all but admins." if depth == 3 else
+            + (" A managed volume's files move aside at the origin, to "
+               ".airfs-catalog/dropped/CAT.SCH.VOL@SERIAL (no mount shows them; an admin "
+               "restores or deletes them there): a volume created again with the name starts "
+               "empty." if depth == 3 else
                " It must be empty."),
         )  # fmt: skip
         p.add_argument("name", metavar=form)

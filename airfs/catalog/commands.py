@@ -12,7 +12,8 @@ Who may do what:
   ``--location`` (an external volume) — admins;
 * ``drop-*``, ``grant``, ``revoke``, ``set-owner`` — ``MANAGE`` on the object (owners of it or
   of an object above have it; so do admins) and ``USE`` on the objects above; a catalog or
-  schema is dropped only when empty;
+  schema is dropped only when empty; the files of a dropped managed volume are moved aside by
+  the store (:func:`dropped_path`), so that a volume made again with its name starts empty;
 * ``rename-*`` — the same, and ``CREATE SCHEMA`` / ``CREATE VOLUME`` on the container (a
   catalog: admins); the store moves the directory at the origin too;
 * ``list`` — shows what the caller may see; ``show-grants`` — every grant to holders of
@@ -30,6 +31,7 @@ from typing import Any
 from .model import (
     GRANTABLE,
     LEVELS,
+    RESERVED,
     CatalogError,
     Metastore,
     P,
@@ -178,9 +180,25 @@ def _drop(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
                 errno.ENOTEMPTY,
             )
         del _children(meta, names[:-1])[names[-1]]
-        return meta, {"dropped": ".".join(names)}
+        out: dict[str, Any] = {"dropped": ".".join(names)}
+        if depth == 3 and obj.location is None:
+            # a managed volume's files leave its name (the store moves them aside first):
+            # whoever creates the name again gets an empty volume
+            out["moves"] = ["/".join(names), dropped_path(names, meta.serial + 1)]
+        return meta, out
 
     return drop
+
+
+#: where the store keeps the files of dropped managed volumes (inside the reserved directory:
+#: unreachable through every mount, for admins to restore or delete at the origin)
+DROPPED_DIR = f"{RESERVED}/dropped"
+
+
+def dropped_path(names: tuple[str, ...], serial: int) -> str:
+    """Where the files of managed volume ``names`` go when the catalog change of ``serial``
+    drops it."""
+    return f"{DROPPED_DIR}/{'.'.join(names)}@{serial}"
 
 
 def _rename(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:

@@ -157,6 +157,15 @@ class CatalogGuard:
             self.cache.damaged is not None
         )
 
+    def governs(self) -> bool:
+        return self.cache.meta is not None or self.cache.damaged is not None
+
+    def storage(self, path: str) -> str:
+        """A volume is its own storage (Unity Catalog): the first three names of ``path``."""
+        if self.cache.meta is None:
+            return ""
+        return "/".join(path.split("/", 3)[:3])
+
     def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
         if not dir_path and name == RESERVED:
             return False

@@ -270,7 +270,9 @@ def privileges(meta: Metastore, w: Who, names: tuple[str, ...]) -> frozenset[Pri
 # -- filesystem operations --------------------------------------------------------------------
 
 #: core operations that only look (the rest change something)
-READ_OPS = frozenset({"lookup", "getattr", "readdir", "opendir", "open_read", "readlink"})
+READ_OPS = frozenset(
+    {"lookup", "getattr", "readdir", "opendir", "open_read", "readlink", "link_from"}
+)
 #: core operations that change something (unknown operations are treated as these)
 WRITE_OPS = frozenset(
     {

@@ -30,6 +30,10 @@ log = logging.getLogger(__name__)
 CONTROL_ACCESS = {"warm": "read", "prefetch": "read", "flush": "write"}
 
 
+#: the one answer for a name the caller may not see and for a name that does not exist
+NOT_VISIBLE = "no such catalog, schema or volume (or none you may see)"
+
+
 class CatalogService:
     """One mount's catalog (``origin`` is the mount's origin)."""
 
@@ -93,6 +97,8 @@ class CatalogService:
         if d.ok:
             return
         self.guard.denied(caller, op, path, d)
+        if d.errno == errno.ENOENT:  # hidden or missing: one answer (the log says which)
+            raise OSError(d.errno, f"{op} /{path}: {NOT_VISIBLE}")
         what = f"missing {d.missing}" if d.missing else d.reason
         raise OSError(d.errno, f"{op} /{path}: not allowed ({what})")
 
@@ -106,10 +112,13 @@ class CatalogService:
             d = self.guard.decide(caller, "create", f"{path}/x" if path else "x")
         else:
             d = self.guard.decide(caller, "open_read", path)
+        missing = d.missing or (d.reason if not d.ok else None)
+        if d.errno == errno.ENOENT:
+            missing = NOT_VISIBLE  # a hidden name and a missing one answer alike
         return {
             "governed": self.cache.meta is not None,
             "volume": ".".join(parts[:3]) if len(parts) >= 3 else None,
-            "missing": d.missing or (d.reason if not d.ok else None),
+            "missing": missing,
             "errno": d.errno,
         }
 

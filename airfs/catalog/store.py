@@ -32,7 +32,7 @@ import trio
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Exists, NotFound, Origin, OriginError
 
-from .commands import READ_ONLY, apply
+from .commands import DROPPED_DIR, READ_ONLY, apply
 from .model import RESERVED, CatalogError, Metastore, Who
 
 log = logging.getLogger(__name__)
@@ -120,8 +120,14 @@ class CatalogStore:
         ``rename-*`` is checked first, then the directory is moved at the origin (refused if
         the new name exists there), then the catalog is changed; if that fails the directory
         is moved back. Between the two steps (one origin call) both names are unregistered:
-        hidden from all but admins."""
-        if command.startswith("rename-"):
+        hidden from all but admins.
+
+        ``drop-volume`` of a managed volume is done the same way: its directory moves to
+        :func:`~airfs.catalog.commands.dropped_path` (inside the reserved directory, which
+        no mount shows) before the volume leaves the catalog, so that nobody who creates the
+        name again finds its files. A volume without a directory at the origin moves
+        nothing."""
+        if command.startswith("rename-") or command == "drop-volume":
             return self._rename(w, command, args)
         return self._run(w, command, args)
 
@@ -129,10 +135,23 @@ class CatalogStore:
         meta, _ = self.load()
         _new, out = apply(meta, w, command, args)  # the checks, on the catalog as it is now
         moves = out.get("moves")
+        if moves and command == "drop-volume":
+            with contextlib.suppress(Exists):
+                self.origin.mkdir(RESERVED, 0o700)
+            with contextlib.suppress(Exists):
+                self.origin.mkdir(DROPPED_DIR, 0o700)
         if moves:
-            self.origin.rename(moves[0], moves[1], replace=False)
+            try:
+                self.origin.rename(moves[0], moves[1], replace=False)
+            except NotFound:
+                if command != "drop-volume":
+                    raise
+                moves = None  # no files: nothing to move aside
         try:
-            return self._run(w, command, args)
+            result = self._run(w, command, args)
+            if command == "drop-volume":
+                result = {"dropped": result["dropped"], "files_moved_to": moves and moves[1]}
+            return result
         except BaseException:
             if moves:
                 try:

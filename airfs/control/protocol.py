@@ -19,6 +19,9 @@ variables), so any process can find it; clients read the owner from the mount ta
 Framing: the client sends one JSON object on one line, ``{"op": NAME, ...args}``. The server
 answers with zero or more progress lines ``{"progress": {...}}`` and then exactly one final
 line: ``{"ok": true, "result": ...}`` or ``{"ok": false, "error": MESSAGE, "errno": N}``.
+A request line is at most :data:`MAX_LINE` bytes and nests arrays and objects at most
+:data:`MAX_DEPTH` deep (checked before it is parsed); anything else is answered with a
+:class:`BadMessage` (EMSGSIZE for a line too long, EINVAL otherwise).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import stat
 from typing import Any
 
@@ -100,12 +104,57 @@ def prepare_dir(path: str, uid: int) -> None:
     check_dir(path, uid, mode)
 
 
+#: the longest request line (a prefetch of a few hundred thousand paths fits)
+MAX_LINE = 8 << 20
+#: how deep a request may nest arrays and objects (requests use 3)
+MAX_DEPTH = 32
+
+_ESCAPE = re.compile(rb"\\.", re.DOTALL)
+_STRING = re.compile(rb'"[^"]*"')
+_NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_ONE_KIND = bytes.maketrans(b"{}", b"[]")
+
+
+class BadMessage(ValueError):
+    """A request line the server does not parse: the reply's message and errno."""
+
+    def __init__(self, message: str, err: int = errno.EINVAL) -> None:
+        super().__init__(message)
+        self.errno = err
+
+
 def encode(msg: dict[str, Any]) -> bytes:
     return json.dumps(msg, separators=(",", ":")).encode() + b"\n"
 
 
+def too_deep(line: bytes, limit: int = MAX_DEPTH) -> bool:
+    """Whether the JSON text ``line`` nests arrays and objects more than ``limit`` deep (or
+    its brackets do not pair up), found without parsing it: escapes and strings are cut out,
+    then the innermost bracket pairs removed ``limit`` times (linear passes; ``[`` and ``{``
+    count alike: a mismatch is the parser's to refuse)."""
+    if line.count(b"[") + line.count(b"{") <= limit:
+        return False
+    rest = _STRING.sub(b"", _ESCAPE.sub(b"", line)).translate(_ONE_KIND, _NOT_BRACKET)
+    if b"[" * (limit + 1) in rest:
+        return True
+    for _ in range(limit):  # each pass removes the innermost level
+        if not rest:
+            return False
+        rest = rest.replace(b"[]", b"")
+    return bool(rest)
+
+
 def decode(line: bytes) -> dict[str, Any]:
-    obj = json.loads(line)
+    """The request object of one line; :class:`BadMessage` when it is too long, nested too
+    deep, not JSON or not an object."""
+    if len(line) > MAX_LINE:
+        raise BadMessage(f"request line longer than {MAX_LINE} bytes", errno.EMSGSIZE)
+    if too_deep(line):
+        raise BadMessage(f"request nested more than {MAX_DEPTH} levels deep (or unbalanced)")
+    try:
+        obj = json.loads(line)
+    except (ValueError, RecursionError) as exc:
+        raise BadMessage(f"request is not JSON: {str(exc)[:100]}") from None
     if not isinstance(obj, dict):
-        raise ValueError("control message is not a JSON object")
+        raise BadMessage("control message is not a JSON object")
     return obj

@@ -34,7 +34,7 @@ from .auth import (
     peer_caller,
     redact,
 )
-from .protocol import decode, encode, prepare_dir
+from .protocol import MAX_LINE, BadMessage, decode, encode, prepare_dir
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ class Controlled(Protocol):
     # async def govern(self, caller: Caller, op: str, path: str) -> None  (raises OSError)
 
 
-_MAX_LINE = 8 << 20
+#: seconds between two log lines about one uid's bad requests (the rest are counted)
+BAD_LOG_EVERY = 10.0
 _OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount", "catalog"})
 
 
@@ -91,6 +92,9 @@ class ControlServer:
         self.idle_timeout = idle_timeout
         self.denials = Denials()
         self.requests: collections.Counter[str] = collections.Counter()
+        #: requests that could not be parsed (too long, too deep, not JSON), by uid
+        self.bad: collections.Counter[int] = collections.Counter()
+        self._bad_logged: dict[int, tuple[float, int]] = {}
 
     def privileged(self, caller: Caller) -> bool:
         """Root or the mount's owner."""
@@ -102,6 +106,7 @@ class ControlServer:
             "requests": sum(self.requests.values()),
             "requests_by_op": dict(self.requests),
             "refused_connections": self.limit.refused,
+            "bad_requests": sum(self.bad.values()),
             "denied": self.denials.total,
             "denied_by_op": dict(self.denials.by_op),
         }
@@ -154,19 +159,49 @@ class ControlServer:
                 self.limit.release(caller.uid)
 
     async def _read_line(self, stream: trio.SocketStream) -> bytes | None:
+        """The request line; None when the client left or idled; :class:`BadMessage` when it
+        runs past :data:`~airfs.control.protocol.MAX_LINE` (nothing more is read)."""
         buf = bytearray()
         with trio.move_on_after(self.idle_timeout):
             while b"\n" not in buf:
+                if len(buf) > MAX_LINE:
+                    raise BadMessage(f"request line longer than {MAX_LINE} bytes", errno.EMSGSIZE)
                 chunk = await stream.receive_some(1 << 16)
-                if not chunk or len(buf) > _MAX_LINE:
+                if not chunk:
                     return None
                 buf += chunk
             return bytes(buf[: buf.index(b"\n")])
         return None
 
+    def _bad_request(self, caller: Caller, exc: BadMessage) -> None:
+        """Count a request that could not be parsed; log one short line per uid at most every
+        :data:`BAD_LOG_EVERY` seconds (with how many were not logged)."""
+        self.bad[caller.uid] += 1
+        now = trio.current_time()
+        last, quiet = self._bad_logged.get(caller.uid, (-1e18, 0))
+        if now - last < BAD_LOG_EVERY:
+            self._bad_logged[caller.uid] = (last, quiet + 1)
+            return
+        if len(self._bad_logged) > 4096:
+            self._bad_logged.clear()
+        self._bad_logged[caller.uid] = (now, 0)
+        more = f" (and {quiet} more since the last line)" if quiet else ""
+        log.warning(
+            "control: bad request from uid %d pid %d: %s%s", caller.uid, caller.pid, exc, more
+        )
+
     async def _serve_one(self, stream: trio.SocketStream, caller: Caller) -> None:
-        line = await self._read_line(stream)
-        if line is None:
+        try:
+            line = await self._read_line(stream)
+            if line is None:
+                return
+            req = decode(line)
+        except BadMessage as exc:
+            self._bad_request(caller, exc)
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await stream.send_all(
+                    encode({"ok": False, "error": f"bad request: {exc}", "errno": exc.errno})
+                )
             return
         send_lock = trio.Lock()
         pending: list[bytes] = []
@@ -193,7 +228,6 @@ class ControlServer:
 
         op = "?"
         try:
-            req = decode(line)
             op = str(req.get("op"))
             self.requests[op if op in _OPS else "other"] += 1
             failed: Exception | None = None
@@ -217,6 +251,7 @@ class ControlServer:
         except OSError as exc:
             reply = {"ok": False, "error": exc.strerror or str(exc), "errno": exc.errno}
         except (ValueError, KeyError, TypeError) as exc:
+            self._bad_request(caller, BadMessage(f"{op}: {str(exc)[:200]}"))
             reply = {"ok": False, "error": f"bad request: {exc}", "errno": errno.EINVAL}
         except Exception as exc:
             log.exception("control request failed")
@@ -228,11 +263,12 @@ class ControlServer:
         """``raw`` normalised, and authorised for ``want`` unless the caller is root (root
         may read and write anything: nothing is looked up, so that a flush or a warm never
         waits for the origin, or fails while it is down, before it starts); then, on a
-        governed mount, the catalog's grants for ``op`` (for root too, unless an admin)."""
+        governed mount, the catalog's grants for ``op`` (for root too, unless an admin).
+
+        The catalog is asked first: its answer depends only on the names of the catalog,
+        schema and volume, so a path in a volume the caller may not read is refused alike
+        whether it exists or not (the mode-bit walk, which finds out, comes after)."""
         path = normalize(raw)
-        if caller.uid != 0:
-            lookup: Lookup = self.target.lookup
-            await check_path(caller, path, want, self.target.owner, lookup)
         govern = getattr(self.target, "govern", None)
         if govern is not None:
             try:
@@ -241,6 +277,9 @@ class ControlServer:
                 if exc.errno == errno.ENOENT:
                     raise FileNotFoundError(exc.errno, exc.strerror) from None
                 raise Denied(exc.errno or errno.EACCES, exc.strerror or str(exc)) from None
+        if caller.uid != 0:
+            lookup: Lookup = self.target.lookup
+            await check_path(caller, path, want, self.target.owner, lookup)
         return path
 
     async def _dispatch(self, req: dict[str, Any], caller: Caller, progress: Progress) -> Any:

@@ -156,7 +156,7 @@ class CoreBase:
         self.ttl = ttl
         self.owner = owner or Owner(os.getuid(), os.getgid())
         self.write_wait_s = write_wait_s
-        self.inodes = InodeTable(root_entry)
+        self.inodes = InodeTable(root_entry, guard.storage if guard is not None else None)
         self.handles: dict[int, Handle] = {}
         self.dirs: dict[int, DirHandle] = {}
         self._next_fh = 1
@@ -230,6 +230,10 @@ class CoreBase:
                     entry = dataclasses.replace(entry, mtime_ns=t, ctime_ns=ctime)
                 else:
                     del self._dir_times[node.path]
+            if self._level(node.path):
+                # the origin counts every subdirectory, hidden ones too: 1 ("not counted",
+                # as on filesystems that keep no count) shows nothing
+                return dataclasses.replace(attr_of_entry(node.ino, entry, self.owner), nlink=1)
         return attr_of_entry(node.ino, entry, self.owner)
 
     def _dir_changed(self, path: str, subdirs: int = 0) -> None:
@@ -264,6 +268,36 @@ class CoreBase:
         if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
             return False
         return time.monotonic() - node.fetched < self.ttl
+
+    def per_caller(self, ino: int, name: str | None = None) -> bool:
+        """Whether the kernel's answer about inode ``ino`` (with ``name``: about that name in
+        directory ``ino``) is the caller's own: at a governed level (the root, a catalog, a
+        schema, a volume root), where whether a name exists for the caller depends on its
+        grants. Then an entry is not kept (entry timeout 0: every path walk through it asks
+        again, as its caller) and "no such name" is never a negative entry. Attributes keep
+        the TTL: they are the same for every caller that may see the name (the levels' link
+        counts are 1: :meth:`_entry_attr`). Inside a volume the kernel keeps entries for the
+        TTL: a caller reaches them only through its volume root, asked every time."""
+        if self.guard is None or not self.guard.governs():
+            return False
+        try:
+            path = self._path(self.inodes.get(ino))
+        except OSError:
+            return False
+        return self._level(join(path, name) if name is not None else path)
+
+    def _level(self, path: str) -> bool:
+        """``path`` is the root, a catalog, a schema or a volume root of a governed mount."""
+        return self.guard is not None and self.guard.governs() and path.count("/") < 3
+
+    def _one_storage(self, src: str, dst: str, op: str) -> None:
+        """EXDEV unless ``src`` and ``dst`` live in one storage (a governed volume is its own
+        storage: tools then copy, and the copy's read is checked)."""
+        if self.guard is None:
+            return
+        a, b = self.guard.storage(src), self.guard.storage(dst)
+        if a != b:
+            raise _err(errno.EXDEV, f"{op} /{src} -> /{dst}: volumes {a} and {b} are two storages")
 
     async def _check(self, op: str, path: str) -> None:
         """Ask the guard (governed volumes) whether the caller may do ``op`` on ``path``."""

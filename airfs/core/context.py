@@ -74,7 +74,8 @@ class Guard(Protocol):
 
     ``op`` names the core operation: ``lookup``, ``getattr``, ``readdir``, ``open_read``,
     ``open_write``, ``create``, ``write`` (truncate/setattr), ``mkdir``, ``rmdir``,
-    ``unlink``, ``rename_from``, ``rename_to``, ``symlink``, ``link``, ``mknod``, ``readlink``.
+    ``unlink``, ``rename_from``, ``rename_to``, ``symlink``, ``link`` (the new name),
+    ``link_from`` (the file linked), ``mknod``, ``readlink``.
     """
 
     async def check(self, caller: Caller, op: str, path: str) -> None:
@@ -87,4 +88,15 @@ class Guard(Protocol):
 
     def filters(self, dir_path: str) -> bool:
         """Whether listings of ``dir_path`` depend on the caller (then no cache shares them)."""
+        ...
+
+    def governs(self) -> bool:
+        """Whether answers depend on the caller now (a catalog governs the mount): then the
+        kernel keeps no entry and no "no such name" for another caller."""
+        ...
+
+    def storage(self, path: str) -> str:
+        """The storage ``path`` lives in (its volume, ``"cat/schema/volume"``; ``""`` where
+        no catalog governs). A hard link or rename between two storages is EXDEV, and the
+        names of one file in two storages are two files to the kernel."""
         ...

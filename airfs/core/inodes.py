@@ -19,6 +19,7 @@ import collections
 import errno
 import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -54,15 +55,22 @@ class Node:
     aliases: set[str] = field(default_factory=set)
 
 
+def _one_storage(path: str) -> str:
+    return ""
+
+
 class InodeTable:
     """Maps inode numbers and paths to nodes. Not thread-safe: used from the trio loop only."""
 
-    def __init__(self, root_entry: Entry) -> None:
+    def __init__(self, root_entry: Entry, storage: Callable[[str], str] | None = None) -> None:
+        """``storage(path)`` names the storage a path lives in (a governed volume): names of
+        one origin file in two storages are two nodes (each checked against its own)."""
         self._by_ino: dict[int, Node] = {}
+        self._storage = storage or _one_storage
         #: indexed by directory: a rename costs the nodes it moves, not the table's size
         self._by_path: PathDict[Node] = PathDict()
-        #: origin file number -> the node of a file with several names
-        self._by_file: dict[int, Node] = {}
+        #: (storage, origin file number) -> the node of a file with several names
+        self._by_file: dict[tuple[str, int], Node] = {}
         self._next = itertools.count(ROOT_INO + 1)
         # origin entries of nodes the kernel forgot, so that a known name stays usable while
         # the origin is unreachable (bounded LRU; dropped on rename/removal)
@@ -110,7 +118,7 @@ class InodeTable:
         if node is not None:
             self.unlink_name(path)
         if entry is not None and entry.nlink > 1 and entry.ino and kind is not Kind.DIR:
-            same = self._by_file.get(entry.ino)
+            same = self._by_file.get((self._storage(path), entry.ino))
             if same is not None and same.path is not None and same.kind is kind:
                 self.alias(path, same)  # another name of a file we know
                 if at >= same.fetched:
@@ -123,8 +131,8 @@ class InodeTable:
 
     def _note_links(self, node: Node) -> None:
         e = node.entry
-        if e is not None and e.nlink > 1 and e.ino and node.kind is not Kind.DIR:
-            self._by_file[e.ino] = node
+        if e is not None and e.nlink > 1 and e.ino and node.kind is not Kind.DIR and node.path:
+            self._by_file[(self._storage(node.path), e.ino)] = node
 
     def alias(self, path: str, node: Node) -> None:
         """Bind ``path`` as another name of ``node`` (a hard link to it)."""
@@ -161,8 +169,10 @@ class InodeTable:
             if self._by_path.get(p) is node:
                 del self._by_path[p]
         node.aliases.clear()
-        if node.entry is not None and self._by_file.get(node.entry.ino) is node:
-            del self._by_file[node.entry.ino]
+        if node.entry is not None and node.path is not None:
+            key = (self._storage(node.path), node.entry.ino)
+            if self._by_file.get(key) is node:
+                del self._by_file[key]
 
     def detach(self, node: Node) -> None:
         """Unbind ``node`` from its path (removed or replaced); drop it if unreferenced."""

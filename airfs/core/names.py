@@ -170,6 +170,7 @@ class NameOps(FileOps):
         new = self._new_child(new_parent, new_name)
         await self._check("rename_from", old)
         await self._check("rename_to", new)
+        self._one_storage(old, new, "rename")
         if old == new:
             return
         same = self.inodes.at(old)
@@ -305,6 +306,8 @@ class NameOps(FileOps):
         src = self._path(node)
         dst = self._new_child(new_parent_ino, new_name)
         await self._check("link", dst)
+        self._one_storage(src, dst, "link")
+        await self._check("link_from", src)  # the new name must not give what src does not
         if self.area.get(dst) is not None:
             raise _err(errno.EEXIST, f"{dst}: exists")
         st = self.area.get(src)

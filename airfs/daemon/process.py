@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import functools
 import logging
+import logging.handlers
 import os
 import resource
 import signal
@@ -354,13 +355,25 @@ def first_leaf(exc: BaseException) -> BaseException:
     return exc
 
 
+#: the log file is rotated at this size, keeping LOG_BACKUPS older ones (``airfs.log.1``
+#: ...): at most (1 + LOG_BACKUPS) * LOG_MAX_BYTES of logs on the cache disk
+LOG_MAX_BYTES = 16 << 20
+LOG_BACKUPS = 3
+
+
 def setup_logging(cfg: MountConfig, foreground: bool) -> None:
+    """Log to ``cfg.log_file`` (rotated: :data:`LOG_MAX_BYTES`, :data:`LOG_BACKUPS`) and,
+    in the foreground or without a file, to stderr."""
     level = logging.DEBUG if cfg.debug else logging.INFO
     fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     handlers: list[logging.Handler] = []
     if cfg.log_file:
         os.makedirs(os.path.dirname(os.path.abspath(cfg.log_file)), exist_ok=True)
-        handlers.append(logging.FileHandler(cfg.log_file))
+        handlers.append(
+            logging.handlers.RotatingFileHandler(
+                cfg.log_file, maxBytes=LOG_MAX_BYTES, backupCount=LOG_BACKUPS
+            )
+        )
     if foreground or not handlers:
         handlers.append(logging.StreamHandler(sys.stderr))
     logging.basicConfig(level=level, format=fmt, handlers=handlers, force=True)

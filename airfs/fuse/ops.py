@@ -78,7 +78,8 @@ class FuseOps(pyfuse3.Operations):
         e = pyfuse3.EntryAttributes()
         e.st_ino = a.ino  # type: ignore[assignment]
         e.generation = 0
-        e.entry_timeout = self.ttl
+        # a name at a governed level is the caller's own answer: never kept for others
+        e.entry_timeout = 0 if self.fs.per_caller(a.ino) else self.ttl
         # a file with several names is not cached: a change through another name (an
         # unlink) moves its link count
         e.attr_timeout = 0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl

@@ -188,3 +188,22 @@ def test_control_mode_check_takes_each_objects_owner() -> None:
             await check_path(PeerCaller(1000, 1000, 1), "", W, owner, lookup)
 
     trio.run(main)
+
+
+def test_governs_and_storage_name_each_volume_once_a_catalog_exists() -> None:
+    s, _ = service()
+
+    async def main() -> None:
+        await s.cache.current()
+        assert not s.guard.governs()
+        assert s.guard.storage("main/raw/v/a") == s.guard.storage("other/x/y/b") == ""
+        setup(s)
+        s.cache.invalidate()
+        await s.cache.current()
+        assert s.guard.governs()
+        assert s.guard.storage("main/raw/v/a/b") == s.guard.storage("main/raw/v") == "main/raw/v"
+        assert s.guard.storage("main/raw/w/a") == "main/raw/w"
+        # the file linked needs READ VOLUME (nobody has USE only)
+        assert await refused(s, NOBODY, "link_from", "main/raw/v/a") == errno.EACCES
+
+    trio.run(main)

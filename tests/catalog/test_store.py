@@ -221,3 +221,24 @@ def test_rename_moves_the_directory_and_keeps_the_grants(
         store.run(ALICE, "rename-catalog", {"name": "main", "new_name": "prod"})
     store.run(ROOT, "rename-catalog", {"name": "main", "new_name": "prod"})
     assert origin_spec.view.stat("prod/raw/pics/f.bin").size == 4
+
+
+def test_a_dropped_managed_volume_moves_aside_and_its_name_starts_empty(
+    origin_spec: OriginSpec, tmp_path: Any
+) -> None:
+    view = origin_spec.view
+    store = CatalogStore(view)
+    setup(store)
+    src = tmp_path / "f"
+    src.write_bytes(b"old bytes")
+    view.put("main/raw/images/old.bin", str(src))
+    out = store.run(ROOT, "drop-volume", {"name": "main.raw.images"})
+    moved = out["files_moved_to"]
+    assert out["dropped"] == "main.raw.images"
+    assert moved.startswith(".airfs-catalog/dropped/main.raw.images@"), out
+    assert view.read_range(f"{moved}/old.bin", 0, 100) == b"old bytes"
+    store.run(ROOT, "create-volume", {"name": "main.raw.images"})
+    assert [e.name for e in view.list("main/raw/images")] == []
+    # a volume with no directory at the origin moves nothing
+    view.rmdir("main/raw/images")
+    assert store.run(ROOT, "drop-volume", {"name": "main.raw.images"})["files_moved_to"] is None

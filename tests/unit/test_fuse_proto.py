@@ -150,7 +150,7 @@ def test_dirent_layout_and_padding() -> None:
     assert len(d) == 32  # 24 + 3, padded to 8
     assert u64(d, 0) == 7 and u64(d, 8) == 3 and u32(d, 16) == 3 and u32(d, 20) == 4  # DT_DIR
     assert d[24:27] == b"abc" and d[27:] == b"\0" * 5
-    p = proto.direntplus(ATTR, 2, b"abcdefgh", 1.0)
+    p = proto.direntplus(ATTR, 2, b"abcdefgh", 1.0, 1.0)
     assert len(p) == 128 + 32 and u32(p, 128 + 20) == 8  # DT_REG
 
 

@@ -91,8 +91,12 @@ class Handlers:
         name (an unlink) moves its link count."""
         return 0.0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
 
+    def _entry_ttl(self, a: Attr) -> float:
+        """No entry timeout at a governed level (a name there is the caller's own answer)."""
+        return 0.0 if self.fs.per_caller(a.ino) else self.ttl
+
     def _entry(self, a: Attr) -> bytes:
-        return proto.entry_out(a, self.ttl, self._attr_ttl(a))
+        return proto.entry_out(a, self._entry_ttl(a), self._attr_ttl(a))
 
     # -- handlers (unpack, call the core, pack) ------------------------------------------------
 
@@ -101,7 +105,11 @@ class Handlers:
         try:
             return self._entry(await self.fs.lookup(req.nodeid, nm))
         except OSError as exc:
-            if exc.errno == errno.ENOENT and self.negative_ttl > 0:
+            if (
+                exc.errno == errno.ENOENT
+                and self.negative_ttl > 0
+                and not self.fs.per_caller(req.nodeid, nm)
+            ):  # a governed "no such name" may be "not for you": never kept for others
                 return proto.negative_entry(self.negative_ttl)
             raise
 
@@ -347,7 +355,7 @@ class Handlers:
             nonlocal used
             b = os.fsencode(nm)
             rec = (
-                proto.direntplus(attr, next_id, b, self.ttl)
+                proto.direntplus(attr, next_id, b, self._entry_ttl(attr), self._attr_ttl(attr))
                 if plus
                 else proto.dirent(attr.ino, next_id, b, attr.mode)
             )

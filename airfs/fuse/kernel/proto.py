@@ -366,9 +366,9 @@ def dirent(ino: int, next_off: int, name_b: bytes, mode: int) -> bytes:
     return raw + b"\0" * (_align8(len(raw)) - len(raw))
 
 
-def direntplus(a: Attr, next_off: int, name_b: bytes, ttl: float) -> bytes:
+def direntplus(a: Attr, next_off: int, name_b: bytes, entry_ttl: float, attr_ttl: float) -> bytes:
     """One ``fuse_direntplus``: an entry (the kernel takes a lookup reference) + a dirent."""
-    return entry_out(a, ttl, ttl) + dirent(a.ino, next_off, name_b, a.mode)
+    return entry_out(a, entry_ttl, attr_ttl) + dirent(a.ino, next_off, name_b, a.mode)
 
 
 def inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:
