@@ -208,6 +208,31 @@ class Filesystem(NameOps):
     async def statfs(self) -> Any:
         return await self.origin.statfs()
 
+    # -- what a transport asks of an open directory --------------------------------------
+
+    def listing_signature(self, fh: int) -> int | None:
+        """A hash of the names, kinds and inode numbers of directory handle ``fh``'s listing
+        (equal signatures: the kernel's cached listing of an earlier open is still right, so
+        it may keep it: ``FOPEN_KEEP_CACHE``); None for a listing filtered for its caller or
+        a directory no longer at its path."""
+        d = self.dirs.get(fh)
+        if d is None or d.node.path is None or d.per_caller:
+            return None
+        prefix = f"{d.node.path}/" if d.node.path else ""
+        at = self.inodes.at
+        return hash(
+            tuple(
+                (name, kind, node.ino if (node := at(prefix + name)) is not None else 0)
+                for name, kind, *_ in d.entries
+            )
+        )
+
+    def dir_per_caller(self, fh: int) -> bool:
+        """Whether directory handle ``fh``'s listing was filtered for its caller (governed
+        levels): the kernel must not cache it for other callers."""
+        d = self.dirs.get(fh)
+        return d is not None and d.per_caller
+
     # -- status ----------------------------------------------------------------------------
 
     def statistics(self) -> CoreStats:

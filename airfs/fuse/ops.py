@@ -11,7 +11,6 @@ import errno
 import functools
 import logging
 import os
-import stat
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -20,6 +19,7 @@ import pyfuse3
 from airfs.core.attrs import BLKSIZE, Attr
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
+from airfs.fuse.policy import NAME_MAX, attr_timeout, entry_timeout, error_level
 
 log = logging.getLogger(__name__)
 
@@ -42,10 +42,7 @@ def replies(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             raise
         except OSError as exc:
             code = exc.errno or errno.EIO
-            if code in (errno.EIO, errno.ENOSPC):
-                log.error("%s: %s", fn.__name__, exc)
-            else:
-                log.debug("%s: %s", fn.__name__, exc)
+            log.log(error_level(code), "%s: %s", fn.__name__, exc)
             raise pyfuse3.FUSEError(code) from None
         except Exception:
             log.exception("%s failed", fn.__name__)
@@ -78,11 +75,8 @@ class FuseOps(pyfuse3.Operations):
         e = pyfuse3.EntryAttributes()
         e.st_ino = a.ino  # type: ignore[assignment]
         e.generation = 0
-        # a name at a governed level is the caller's own answer: never kept for others
-        e.entry_timeout = 0 if self.fs.per_caller(a.ino) else self.ttl
-        # a file with several names is not cached: a change through another name (an
-        # unlink) moves its link count
-        e.attr_timeout = 0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
+        e.entry_timeout = entry_timeout(self.fs, a, self.ttl)
+        e.attr_timeout = attr_timeout(a, self.ttl)
         e.st_mode = a.mode  # type: ignore[assignment]
         e.st_nlink = a.nlink
         e.st_uid = a.uid
@@ -228,7 +222,7 @@ class FuseOps(pyfuse3.Operations):
         out.f_files = s.total_files
         out.f_ffree = s.free_files
         out.f_favail = s.free_files
-        out.f_namemax = 255
+        out.f_namemax = NAME_MAX
         return out
 
     @replies

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import stat
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -20,6 +19,7 @@ import trio
 
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
+from airfs.fuse.policy import NAME_MAX, attr_timeout, entry_timeout
 
 from . import proto
 from .negotiate import Negotiated
@@ -87,13 +87,10 @@ class Handlers:
         }
 
     def _attr_ttl(self, a: Attr) -> float:
-        """A file with several names is not cached by the kernel: a change through another
-        name (an unlink) moves its link count."""
-        return 0.0 if a.nlink > 1 and not stat.S_ISDIR(a.mode) else self.ttl
+        return attr_timeout(a, self.ttl)
 
     def _entry_ttl(self, a: Attr) -> float:
-        """No entry timeout at a governed level (a name there is the caller's own answer)."""
-        return 0.0 if self.fs.per_caller(a.ino) else self.ttl
+        return entry_timeout(self.fs, a, self.ttl)
 
     def _entry(self, a: Attr) -> bytes:
         return proto.entry_out(a, self._entry_ttl(a), self._attr_ttl(a))
@@ -319,7 +316,7 @@ class Handlers:
         core just took is the one the kernel cached at the previous open (same names, kinds
         and inode numbers): then ``readdir`` is answered by the kernel alone."""
         fh = await self.fs.opendir(req.nodeid)
-        sig = self._listing_signature(fh)
+        sig = self.fs.listing_signature(fh)
         keep = sig is not None and self._dir_sigs.get(req.nodeid) == sig
         if sig is None:
             self._dir_sigs.pop(req.nodeid, None)
@@ -327,23 +324,10 @@ class Handlers:
             self._dir_sigs[req.nodeid] = sig
             while len(self._dir_sigs) > DIR_SIGNATURES_MAX:
                 self._dir_sigs.pop(next(iter(self._dir_sigs)))
-        per_caller = (d := self.fs.dirs.get(fh)) is not None and d.per_caller
+        per_caller = self.fs.dir_per_caller(fh)
         out = 0 if per_caller else proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
         self.counts["dir_cache_kept"] += keep
         return proto.open_out(fh, out)
-
-    def _listing_signature(self, fh: int) -> int | None:
-        d = self.fs.dirs.get(fh)
-        if d is None or d.node.path is None or d.per_caller:
-            return None
-        prefix = f"{d.node.path}/" if d.node.path else ""
-        at = self.fs.inodes.at
-        return hash(
-            tuple(
-                (name, kind, node.ino if (node := at(prefix + name)) is not None else 0)
-                for name, kind, *_ in d.entries
-            )
-        )
 
     async def _readdir(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READDIR")
@@ -382,7 +366,7 @@ class Handlers:
             bavail=s.free_blocks,
             files=s.total_files,
             ffree=s.free_files,
-            namelen=255,
+            namelen=NAME_MAX,
         )
 
     async def _getxattr(self, req: Request) -> Payload:

@@ -31,6 +31,7 @@ import trio
 
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
+from airfs.fuse.policy import error_level
 
 from . import proto
 from .handlers import NO_REPLY, Handlers, Payload
@@ -221,10 +222,7 @@ class Session(Handlers):
                 payload = await handler(req)
             except OSError as exc:
                 code = exc.errno or errno.EIO
-                if code in (errno.EIO, errno.ENOSPC):
-                    log.error("%s: %s", _opname(op), exc)
-                else:
-                    log.debug("%s: %s", _opname(op), exc)
+                log.log(error_level(code), "%s: %s", _opname(op), exc)
                 self._reply_error(req.unique, code)
                 return
             except BadRequest as exc:
