@@ -181,6 +181,15 @@ class Filesystem(NameOps):
             if mtime_ns is not None and node.path is not None:
                 self._dir_times.pop(node.path, None)  # a time set wins over our own
             at_origin = cur is None or not any(v.dirty for v in self.area.versions(cur))
+            while at_origin and cur is not None and (
+                busy := [v for v in self.area.versions(cur) if v.uploading]
+            ):
+                # a commit that landed is still setting the attributes changed during its
+                # upload (the uploader's committed hook): a change made at the origin now
+                # would race it (both copy the object onto itself; the last one wins and
+                # undoes the other's owner or mode), so it waits for it
+                await self._wait_upload(busy[0])
+                at_origin = not any(v.dirty for v in self.area.versions(cur))
             if at_origin and node.path is not None:
                 entry = await self.origin.set_attrs(
                     node.path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
