@@ -191,13 +191,10 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
     the files are touched from worker threads so that this loop can answer them."""
     import trio
 
-    from airfs.core.fs import Filesystem
-    from airfs.core.readpath import DirectReadPath
+    from airfs.daemon.build import build
     from airfs.fuse.kernel import mount as kmount
     from airfs.fuse.kernel.session import Session
-    from airfs.origin.aio import AsyncOrigin
     from airfs.origin.posix import PosixOrigin
-    from airfs.writeback.staging import StagingArea
 
     if not fuse_available():
         pytest.skip("needs /dev/fuse and fusermount3")
@@ -206,13 +203,13 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
     (tmp_path / "mnt").mkdir()
     mnt = str(tmp_path / "mnt")
     sync = PosixOrigin(str(tmp_path / "origin"))
-    origin = AsyncOrigin(sync)
-    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    fs = Filesystem(origin, DirectReadPath(origin), area, await origin.stat(""), ttl=1.0)
     fd = kmount.mount(mnt, fsname="airfs-test", via="fusermount3")
-    session = Session(fd, fs, 1.0)
     try:
-        async with trio.open_nursery() as nursery:
+        async with (
+            build(sync, str(tmp_path / "cache"), ttl=1.0) as b,
+            trio.open_nursery() as nursery,
+        ):
+            session = Session(fd, b.fs, 1.0)
             nursery.start_soon(session.run)
             names = await trio.to_thread.run_sync(os.listdir, mnt)
             text = await trio.to_thread.run_sync((tmp_path / "mnt" / "a.txt").read_text)
@@ -227,7 +224,6 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
         if is_mounted(mnt):
             subprocess.run(["fusermount3", "-u", "-z", mnt], capture_output=True)
         os.close(fd)
-        area.close()
         sync.close()
 
 

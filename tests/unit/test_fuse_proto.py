@@ -18,16 +18,13 @@ import pytest
 import trio
 
 from airfs.core.attrs import BLKSIZE, Attr
-from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
-from airfs.core.readpath import DirectReadPath
+from airfs.daemon.build import build
 from airfs.fuse.kernel import proto
 from airfs.fuse.kernel.negotiate import InitError, InitIn, negotiate, read_buffer_size
 from airfs.fuse.kernel.proto import BadRequest, Init, Op
 from airfs.fuse.kernel.session import Session
-from airfs.origin.aio import AsyncOrigin
 from airfs.testing.memory import MemoryOrigin
-from airfs.writeback.staging import StagingArea
 
 
 def u32(b: bytes, off: int) -> int:
@@ -268,15 +265,15 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Se
     mem = MemoryOrigin()
     mem.put_bytes("hello.txt", b"hello world")
     mem.mkdir("sub")
-    aorigin = AsyncOrigin(mem, attempts=1)
-    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, await aorigin.stat(""), ttl=5.0)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     theirs.setblocking(False)
     inits = []
-    session = Session(ours.fileno(), fs, 5.0, on_init=inits.append, pages_limit=32)
     try:
-        async with trio.open_nursery() as nursery:
+        async with (
+            build(mem, str(tmp_path / "cache"), ttl=5.0, attempts=1) as b,
+            trio.open_nursery() as nursery,
+        ):
+            session = Session(ours.fileno(), b.fs, 5.0, on_init=inits.append, pages_limit=32)
             nursery.start_soon(session.run)
             k = Kernel(theirs)
             err, out = await k.call(Op.INIT, 0, init_in(45, ALL))
@@ -286,7 +283,6 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Se
     finally:
         ours.close()
         theirs.close()
-        area.close()
 
 
 async def test_lookup_getattr_read_over_the_loop(tmp_path: Path) -> None:
@@ -389,19 +385,15 @@ async def test_interrupt_cancels_a_waiting_request(tmp_path: Path) -> None:
 
 
 async def test_unmount_ends_the_loop(tmp_path: Path) -> None:
-    mem = MemoryOrigin()
-    aorigin = AsyncOrigin(mem, attempts=1)
-    area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    fs = Filesystem(aorigin, DirectReadPath(aorigin), area, await aorigin.stat(""), ttl=1.0)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        session = Session(ours.fileno(), fs, 1.0)
-        theirs.close()  # the peer going away reads as end of file
-        with trio.fail_after(5):
-            await session.run()
+        async with build(MemoryOrigin(), str(tmp_path / "cache"), attempts=1) as b:
+            session = Session(ours.fileno(), b.fs, 1.0)
+            theirs.close()  # the peer going away reads as end of file
+            with trio.fail_after(5):
+                await session.run()
     finally:
         ours.close()
-        area.close()
 
 
 def test_read_buffer_fits_the_largest_write() -> None:
