@@ -140,7 +140,9 @@ class MemoryOrigin:
     ) -> Entry:
         with open(source, "rb") as f:
             data = f.read()
-        return self.put_bytes(path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid)
+        return self.put_bytes(
+            path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
+        )
 
     def put_bytes(
         self,
