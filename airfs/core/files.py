@@ -108,6 +108,8 @@ class FileOps(CoreBase):
         trunc = bool(flags & os.O_TRUNC) and writable
         await self._check("open_write" if writable else "open_read", node.path)
         async with node.lock:
+            if node.path is None:  # renamed over while we waited for the lock (see rename)
+                raise _err(errno.ESTALE, f"inode {ino} was replaced")
             if writable:
                 live = await self._stage(node, truncate=trunc)
                 wst = await self.area.open_write(live, truncate=trunc)

@@ -3,6 +3,7 @@ link, layered on :class:`~airfs.core.files.FileOps`."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -23,6 +24,7 @@ from .attrs import Attr, kind_of_mode
 from .base import DirHandle, Emit, _err, counted
 from .context import current_caller
 from .files import FileOps
+from .inodes import Node
 
 log = logging.getLogger(__name__)
 
@@ -186,6 +188,12 @@ class NameOps(FileOps):
         self._dir_changed(old, -1 if moves else 0)
         self._dir_changed(new, +1 if moves and not replaced else 0)
 
+    def _name_nodes(self, *paths: str) -> list[Node]:
+        """The distinct inodes bound at ``paths``, in inode order (the order their locks are
+        taken in, so that two renames never wait for each other)."""
+        found = {n.ino: n for n in (self.inodes.at(p) for p in paths) if n is not None}
+        return [found[i] for i in sorted(found)]
+
     async def _rename(self, old: str, new: str, *, noreplace: bool) -> tuple[bool, bool]:
         """Rename ``old`` to ``new``; returns (a directory was moved, something was replaced)."""
         st_src = self.area.get(old)
@@ -216,32 +224,39 @@ class NameOps(FileOps):
                     raise _err(errno.ENOTEMPTY, f"{new}: directory not empty")
             elif dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise _err(errno.EISDIR, f"{new}: is a directory")
-            try:
-                await self.origin.rename(old, new, replace=not noreplace)
-            except NotFound:
-                if st_src is None:
-                    raise
-            is_dir = src_entry is not None and src_entry.kind is Kind.DIR
-            moved_entry = None if is_dir else await self._stat(new)
-            if is_dir:
-                self.area.move(old, new)
-            else:
-                # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
-                base = moved_entry.version if moved_entry is not None else None
-                self.area.move(old, new, rebase=st_src is not None, base=base)
-            self.inodes.move(old, new)
-            node = self.inodes.at(new)
-            if moved_entry is not None and node is not None:
-                node.entry, node.fetched = moved_entry, time.monotonic()
-            # forget the new parent's listing: its other names are not known without asking
-            self.listings.discard(split(new)[0])
-            if is_dir or src_entry is None:
-                self.listings.drop(old)
-                self.listings.drop(new)
-            if moved_entry is not None:
-                self.listings.record(new, moved_entry)
-            self.readpath.discard(old)
-            self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
+            # opens of either name wait until the mount has taken the new name: the copy
+            # replaces the destination's version at once, and an open meanwhile would read
+            # that gone version (EIO); after the move it finds the old inode renamed away
+            # (ESTALE: the kernel looks the name up again) and opens the new one
+            async with contextlib.AsyncExitStack() as locks:
+                for n in self._name_nodes(old, new):
+                    await locks.enter_async_context(n.lock)
+                try:
+                    await self.origin.rename(old, new, replace=not noreplace)
+                except NotFound:
+                    if st_src is None:
+                        raise
+                is_dir = src_entry is not None and src_entry.kind is Kind.DIR
+                moved_entry = None if is_dir else await self._stat(new)
+                if is_dir:
+                    self.area.move(old, new)
+                else:
+                    # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
+                    base = moved_entry.version if moved_entry is not None else None
+                    self.area.move(old, new, rebase=st_src is not None, base=base)
+                self.inodes.move(old, new)
+                node = self.inodes.at(new)
+                if moved_entry is not None and node is not None:
+                    node.entry, node.fetched = moved_entry, time.monotonic()
+                # forget the new parent's listing: its other names are not known without asking
+                self.listings.discard(split(new)[0])
+                if is_dir or src_entry is None:
+                    self.listings.drop(old)
+                    self.listings.drop(new)
+                if moved_entry is not None:
+                    self.listings.record(new, moved_entry)
+                self.readpath.discard(old)
+                self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
         self.listings.record(old, None)
         self.area.notify()
         moved_dir = src_entry is not None and src_entry.kind is Kind.DIR
