@@ -77,7 +77,11 @@ def test_replaced_file_reads_old_or_new_never_eio(
             done = threading.Event()
             failed: list[BaseException] = []
 
-            def replace(src: Path = tmp) -> None:
+            def replace(
+                src: Path = tmp,
+                done: threading.Event = done,
+                failed: list[BaseException] = failed,
+            ) -> None:
                 try:
                     os.replace(src, target)
                 except BaseException as exc:
