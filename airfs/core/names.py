@@ -21,10 +21,11 @@ from airfs.origin.base import (
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr, kind_of_mode
-from .base import DirHandle, Emit, _err, counted
+from .base import ADOPT_MAX, DirHandle, Emit, _err, counted
 from .context import current_caller
 from .files import FileOps
 from .inodes import Node
+from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +189,19 @@ class NameOps(FileOps):
         self._dir_changed(old, -1 if moves else 0)
         self._dir_changed(new, +1 if moves and not replaced else 0)
 
+    async def _carry(self, src: Entry, old: str, moved: Entry, new: str) -> None:
+        """A file renamed at the origin by a copy that kept its version: what the cache holds
+        of it moves with it (readers opened on ``new`` before its next replacement then
+        never need the origin's copy of a version that is gone by then)."""
+        if moved.version != src.version or not src.version or src.size > ADOPT_MAX:
+            return
+        try:
+            await self.readpath.carry(
+                ObjectRef(old, src.version, src.size), ObjectRef(new, moved.version, moved.size)
+            )
+        except (OSError, ValueError) as exc:
+            log.warning("could not keep %s in the cache after its rename: %s", new, exc)
+
     def _name_nodes(self, *paths: str) -> list[Node]:
         """The distinct inodes bound at ``paths``, in inode order (the order their locks are
         taken in, so that two renames never wait for each other)."""
@@ -255,6 +269,8 @@ class NameOps(FileOps):
                     self.listings.drop(new)
                 if moved_entry is not None:
                     self.listings.record(new, moved_entry)
+                    if src_entry is not None:
+                        await self._carry(src_entry, old, moved_entry, new)
                 self.readpath.discard(old)
                 self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
         self.listings.record(old, None)

@@ -107,3 +107,44 @@ def test_replaced_file_reads_old_or_new_never_eio(
     finally:
         teardown(m)
         view.close()
+
+
+def test_reader_open_across_a_replace_keeps_the_old_content(
+    tmp_path: Path, seaweed: SeaweedServer
+) -> None:
+    """A reader that opened the file before it was replaced reads the old content to the end
+    (it failed with EIO): the version it reads is gone from the bucket, but its bytes were
+    written on this node, and the cache keeps them through the rename (a copy at the origin
+    that keeps the version)."""
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    from airfs.origin.s3 import S3Origin
+
+    url = seaweed.url(f"replace-{uuid.uuid4().hex[:10]}")
+    view = S3Origin.from_url(url, env=seaweed.env)
+    (tmp_path / "mnt").mkdir()
+    m = mount(url, tmp_path / "mnt", tmp_path / "cache", "--s3-endpoint", seaweed.endpoint,
+              env=seaweed.env)  # fmt: skip
+    try:
+        root = m.mountpoint
+        target = root / "data.bin"
+        # larger than what an open with FUSE passthrough fetches whole (8 MiB)
+        old, new = os.urandom(10 << 20), os.urandom(10 << 20)
+        (root / ".data.tmp0").write_bytes(old)
+        m.flush()  # committed first: the rename is a copy at the origin
+        os.replace(root / ".data.tmp0", target)
+        held = os.open(target, os.O_RDONLY)  # opened before the replace, read after it
+        held_version = view.stat("data.bin").version
+        (root / ".data.tmp1").write_bytes(new)
+        m.flush()
+        os.replace(root / ".data.tmp1", target)
+        try:
+            assert view.stat("data.bin").version != held_version  # the old one is gone
+            os.posix_fadvise(held, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert os.pread(held, len(old) + 1, 0) == old
+        finally:
+            os.close(held)
+        assert read_elsewhere(target) == new
+    finally:
+        teardown(m)
+        view.close()
