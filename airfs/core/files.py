@@ -202,7 +202,14 @@ class FileOps(CoreBase):
         files). The file's content commits over this empty version like any rewrite."""
         try:
             entry = await self.origin.put(
-                path, st.file, "", mode=st.mode, mtime_ns=st.mtime_ns, uid=st.uid, gid=st.gid
+                path,
+                st.file,
+                "",
+                mode=st.mode,
+                mtime_ns=st.mtime_ns,
+                uid=st.uid,
+                gid=st.gid,
+                fast=True,  # while the origin is down: EIO at once, not after the retries
             )
         except Conflict:
             self.area.discard(st)

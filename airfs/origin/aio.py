@@ -240,7 +240,10 @@ class AsyncOrigin:
         uid: int | None = None,
         gid: int | None = None,
         attempts: int | None = None,
+        fast: bool = False,
     ) -> Entry:
+        """``fast``: a put the caller waits for in the foreground (an ``O_EXCL`` claim): it
+        fails at once while the origin is down (see the module docstring)."""
         fn = functools.partial(self.sync.put, mode=mode, mtime_ns=mtime_ns, **self._owner(uid, gid))
         return await self.call(
             fn,
@@ -251,6 +254,7 @@ class AsyncOrigin:
             op="put",
             abandon=False,
             attempts=attempts,
+            fast=fast,
         )
 
     async def delete(self, path: str) -> None:

@@ -179,7 +179,7 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
             "0.3",
             env=seaweed.env,
         )
-        m.expect_errors(r"did not answer in time|is down \(no answer within")
+        m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
         try:
             root = m.mountpoint
             cached = os.urandom(MiB + 3)
@@ -194,15 +194,21 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
 
             def offline_work() -> None:
                 for i in range(3):
+                    t0 = time.monotonic()
                     rel = f"data/made-{i}.bin"
                     made[rel] = os.urandom(100_000 + i)
                     with open(root / rel, "wb") as f:  # O_CREAT | O_TRUNC of a new name
                         f.write(made[rel])
+                    print(f"create+write+close {i} while stalled: {time.monotonic() - t0:.2f}s")
                     assert (root / "data" / "hot.bin").read_bytes() == cached
                 fd = os.open(root / "top.txt", os.O_CREAT | os.O_WRONLY, 0o640)
                 os.write(fd, b"top")
                 os.close(fd)
                 made["top.txt"] = b"top"
+                # O_EXCL claims the name at the origin: it cannot while the origin is down
+                with pytest.raises(OSError) as info:
+                    os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                assert info.value.errno == errno.EIO, info.value
 
             within(offline_work, "creating files while the origin stalls")
             for rel, data in made.items():
@@ -215,6 +221,9 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
                 e = view.stat(rel)
                 assert view.read_range(rel, 0, e.size) == data, rel
             assert m.status()["writeback"]["pending_files"] == 0
+            assert not (root / "excl.lock").exists()
+            fd = os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)  # and it claims names again once the origin answers
         finally:
             teardown(m)
             view.close()
