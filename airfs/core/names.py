@@ -192,7 +192,11 @@ class NameOps(FileOps):
     async def _carry(self, src: Entry, old: str, moved: Entry, new: str) -> None:
         """A file renamed at the origin by a copy that kept its version: what the cache holds
         of it moves with it (readers opened on ``new`` before its next replacement then
-        never need the origin's copy of a version that is gone by then)."""
+        never need the origin's copy of a version that is gone by then). Only where open
+        files are not pinned (S3): a pinning origin keeps a replaced version for its
+        readers, and the local copy would cost more than it saves."""
+        if self._pin is not None:
+            return
         if moved.version != src.version or not src.version or src.size > ADOPT_MAX:
             return
         try:
