@@ -153,8 +153,9 @@ class S3Origin(Links):
             "timeout": dt.timedelta(seconds=timeout),
             "connect_timeout": dt.timedelta(seconds=min(CONNECT_TIMEOUT, stall_timeout)),
         }
-        # reqwest's read timeout runs from the request's start to the answer's headers, then
-        # between reads of the body: the stall deadline for everything but large uploads
+        # reqwest's read timeout runs from the request's start (the upload of its body
+        # included: measured, writes do not reset it) to the answer's headers, then between
+        # reads of the answer: the stall deadline for everything but large uploads and copies
         store = make_store(
             no_retries, {**limits, "read_timeout": dt.timedelta(seconds=stall_timeout)}
         )
