@@ -14,7 +14,8 @@ reloads) then fail at once instead of retrying, so cached data keeps being serve
 files can be created without a wait. One fast call per period still probes; while the
 origin is down it waits at most :attr:`AsyncOrigin.probe_s` for the answer (the thread is
 left to finish on its own: its success ends the outage). A stalled call is tried at most
-twice (fast calls: once), so a read of uncached data fails in about two stall deadlines.
+twice, and once when it is a fast call or the origin was already down when it started, so
+a read of uncached data during an outage fails after one stall deadline.
 
 Cancellation: read-only calls abandon their thread when cancelled; calls that change the
 origin (``abandon=False``) are waited for, so the caller always knows whether they happened.
@@ -137,7 +138,8 @@ class AsyncOrigin:
         for attempt in range(1, tries + 1):
             if fast and self.down:
                 raise Transient(f"{what}: origin {self.url} is unreachable (recent failures)")
-            probe = fast and abandon and self._outage
+            outage = self._outage
+            probe = fast and abandon and outage
             if probe:  # the one probe of this period: the others keep failing at once
                 self._mark_down(self.probe_s)
             self._calls[op] += 1
@@ -158,7 +160,7 @@ class AsyncOrigin:
                 if isinstance(exc, Stalled):
                     stalls += 1
                     self._mark_down()  # a stall is an outage at once, whoever made the call
-                    if fast or stalls >= 2:
+                    if fast or stalls >= 2 or outage:
                         raise
                 elif attempt == tries or (fast and attempt >= 2):
                     if down:

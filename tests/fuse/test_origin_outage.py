@@ -185,8 +185,13 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
             cached = os.urandom(MiB + 3)
             (root / "data").mkdir()
             (root / "data" / "hot.bin").write_bytes(cached)
+            cold = os.urandom(300_000)
+            src = tmp_path / "cold"
+            src.write_bytes(cold)
+            view.put("cold.bin", str(src))
             m.flush()
             assert (root / "data" / "hot.bin").read_bytes() == cached
+            assert os.path.getsize(root / "cold.bin") == len(cold)  # known, never read
 
             proxy.stall()
             time.sleep(0.5)  # past the TTL: every open revalidates against the stalled server
@@ -209,6 +214,12 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
                 with pytest.raises(OSError) as info:
                     os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
                 assert info.value.errno == errno.EIO, info.value
+                # data this node never read: EIO after the deadlines, not a hang
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as info:
+                    (root / "cold.bin").read_bytes()
+                assert info.value.errno == errno.EIO, info.value
+                print(f"uncached read while stalled: EIO after {time.monotonic() - t0:.2f}s")
 
             within(offline_work, "creating files while the origin stalls")
             for rel, data in made.items():
@@ -222,6 +233,7 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
                 assert view.read_range(rel, 0, e.size) == data, rel
             assert m.status()["writeback"]["pending_files"] == 0
             assert not (root / "excl.lock").exists()
+            assert (root / "cold.bin").read_bytes() == cold
             fd = os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
             os.close(fd)  # and it claims names again once the origin answers
         finally:
