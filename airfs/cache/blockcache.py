@@ -334,6 +334,21 @@ class CachedReadPath:
             cobj.pins -= 1
             self._table.maybe_release(cobj)
 
+    async def carry(self, src: ObjectRef, dst: ObjectRef) -> bool:
+        """See :meth:`airfs.core.readpath.ReadPath.carry`: the complete, verified cache file
+        of ``src`` is adopted as ``dst`` (a reflink or a local copy); False when ``src`` is
+        not all cached or the cache has no room."""
+        self._check_running()
+        if src.size != dst.size or src.size <= 0:
+            return False
+        lf = await self.backing.acquire(src)
+        if lf is None:
+            return False
+        try:
+            return await self.adopt(dst, f"/proc/self/fd/{lf.fd}")
+        finally:
+            lf.release()
+
     def discard(self, path: str, keep: str | None = None) -> int:
         """See :meth:`airfs.core.readpath.ReadPath.discard`: the cached versions of ``path`` other
         than ``keep`` leave the table (at once, or at their last release when in use) and

@@ -117,6 +117,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="mode of S3 objects that carry none (written by other tools; default 644)",
     )
     m.add_argument(
+        "--s3-timeout",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="S3 stall deadline: a request with no byte of answer for this long (first byte, "
+        "then between reads; connect: at most 5 s) fails and the origin counts as down at "
+        "once; slow transfers that keep moving are not cut (default 10; each request also "
+        "has an overall limit of 300 s)",
+    )
+    m.add_argument(
         "--s3-trust-listings",
         dest="s3_list_heads",
         action="store_false",

@@ -7,10 +7,10 @@
 
 ORIGIN is a directory, ``s3://BUCKET[/PREFIX]``, or the mountpoint itself (overlay in place).
 ``-o`` options are ``airfs mount`` options with underscores (``cache_dir=``, ``cache_size=``,
-``staging_size=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``, ``s3_region=``, ``s3_path_style``,
-``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``, ``debug``); generic mount
-options (``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``, ``x-systemd.*``...) are
-accepted and ignored. Install it with ``mount/install.sh``.
+``staging_size=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``, ``s3_region=``, ``s3_timeout=``,
+``s3_path_style``, ``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``,
+``debug``); generic mount options (``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``,
+``x-systemd.*``...) are accepted and ignored. Install it with ``mount/install.sh``.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ _VALUED = {
     "log_file",
     "s3_endpoint",
     "s3_region",
+    "s3_timeout",
     "drain_timeout",
     "fuse",
 }

@@ -64,6 +64,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         s3_path_style=args.s3_path_style,
         s3_default_mode=args.s3_default_mode,
         s3_list_heads=args.s3_list_heads,
+        s3_timeout=args.s3_timeout,
         drain_timeout=args.drain_timeout,
         debug=args.debug,
         no_cache=args.no_cache,

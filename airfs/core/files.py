@@ -114,6 +114,8 @@ class FileOps(CoreBase):
         trunc = bool(flags & os.O_TRUNC) and writable
         await self._check("open_write" if writable else "open_read", node.path)
         async with node.lock:
+            if node.path is None:  # renamed over while we waited for the lock (see rename)
+                raise _err(errno.ESTALE, f"inode {ino} was replaced")
             if writable:
                 live = await self._stage(node, truncate=trunc)
                 wst = await self.area.open_write(live, truncate=trunc)
@@ -206,7 +208,14 @@ class FileOps(CoreBase):
         files). The file's content commits over this empty version like any rewrite."""
         try:
             entry = await self.origin.put(
-                path, st.file, "", mode=st.mode, mtime_ns=st.mtime_ns, uid=st.uid, gid=st.gid
+                path,
+                st.file,
+                "",
+                mode=st.mode,
+                mtime_ns=st.mtime_ns,
+                uid=st.uid,
+                gid=st.gid,
+                fast=True,  # while the origin is down: EIO at once, not after the retries
             )
         except Conflict:
             self.area.discard(st)

@@ -3,6 +3,7 @@ link, layered on :class:`~airfs.core.files.FileOps`."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -20,9 +21,11 @@ from airfs.origin.base import (
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr, kind_of_mode
-from .base import DirHandle, Emit, _err, counted
+from .base import ADOPT_MAX, DirHandle, Emit, _err, counted
 from .context import current_caller
 from .files import FileOps
+from .inodes import Node
+from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +190,29 @@ class NameOps(FileOps):
         self._dir_changed(old, -1 if moves else 0)
         self._dir_changed(new, +1 if moves and not replaced else 0)
 
+    async def _carry(self, src: Entry, old: str, moved: Entry, new: str) -> None:
+        """A file renamed at the origin by a copy that kept its version: what the cache holds
+        of it moves with it (readers opened on ``new`` before its next replacement then
+        never need the origin's copy of a version that is gone by then). Only where open
+        files are not pinned (S3): a pinning origin keeps a replaced version for its
+        readers, and the local copy would cost more than it saves."""
+        if self._pin is not None:
+            return
+        if moved.version != src.version or not src.version or src.size > ADOPT_MAX:
+            return
+        try:
+            await self.readpath.carry(
+                ObjectRef(old, src.version, src.size), ObjectRef(new, moved.version, moved.size)
+            )
+        except (OSError, ValueError) as exc:
+            log.warning("could not keep %s in the cache after its rename: %s", new, exc)
+
+    def _name_nodes(self, *paths: str) -> list[Node]:
+        """The distinct inodes bound at ``paths``, in inode order (the order their locks are
+        taken in, so that two renames never wait for each other)."""
+        found = {n.ino: n for n in (self.inodes.at(p) for p in paths) if n is not None}
+        return [found[i] for i in sorted(found)]
+
     async def _rename(self, old: str, new: str, *, noreplace: bool) -> tuple[bool, bool]:
         """Rename ``old`` to ``new``; returns (a directory was moved, something was replaced)."""
         st_src = self.area.get(old)
@@ -217,32 +243,41 @@ class NameOps(FileOps):
                     raise _err(errno.ENOTEMPTY, f"{new}: directory not empty")
             elif dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise _err(errno.EISDIR, f"{new}: is a directory")
-            try:
-                await self.origin.rename(old, new, replace=not noreplace)
-            except NotFound:
-                if st_src is None:
-                    raise
-            is_dir = src_entry is not None and src_entry.kind is Kind.DIR
-            moved_entry = None if is_dir else await self._stat(new)
-            if is_dir:
-                self.area.move(old, new)
-            else:
-                # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
-                base = moved_entry.version if moved_entry is not None else None
-                self.area.move(old, new, rebase=st_src is not None, base=base)
-            self.inodes.move(old, new)
-            node = self.inodes.at(new)
-            if moved_entry is not None and node is not None:
-                node.entry, node.fetched = moved_entry, time.monotonic()
-            # forget the new parent's listing: its other names are not known without asking
-            self.listings.discard(split(new)[0])
-            if is_dir or src_entry is None:
-                self.listings.drop(old)
-                self.listings.drop(new)
-            if moved_entry is not None:
-                self.listings.record(new, moved_entry)
-            self.readpath.discard(old)
-            self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
+            # opens of either name wait until the mount has taken the new name: the copy
+            # replaces the destination's version at once, and an open meanwhile would read
+            # that gone version (EIO); after the move it finds the old inode renamed away
+            # (ESTALE: the kernel looks the name up again) and opens the new one
+            async with contextlib.AsyncExitStack() as locks:
+                for n in self._name_nodes(old, new):
+                    await locks.enter_async_context(n.lock)
+                try:
+                    await self.origin.rename(old, new, replace=not noreplace)
+                except NotFound:
+                    if st_src is None:
+                        raise
+                is_dir = src_entry is not None and src_entry.kind is Kind.DIR
+                moved_entry = None if is_dir else await self._stat(new)
+                if is_dir:
+                    self.area.move(old, new)
+                else:
+                    # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
+                    base = moved_entry.version if moved_entry is not None else None
+                    self.area.move(old, new, rebase=st_src is not None, base=base)
+                self.inodes.move(old, new)
+                node = self.inodes.at(new)
+                if moved_entry is not None and node is not None:
+                    node.entry, node.fetched = moved_entry, time.monotonic()
+                # forget the new parent's listing: its other names are not known without asking
+                self.listings.discard(split(new)[0])
+                if is_dir or src_entry is None:
+                    self.listings.drop(old)
+                    self.listings.drop(new)
+                if moved_entry is not None:
+                    self.listings.record(new, moved_entry)
+                    if src_entry is not None:
+                        await self._carry(src_entry, old, moved_entry, new)
+                self.readpath.discard(old)
+                self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
         self.listings.record(old, None)
         self.area.notify()
         moved_dir = src_entry is not None and src_entry.kind is Kind.DIR

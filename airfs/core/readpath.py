@@ -133,6 +133,13 @@ class ReadPath(Protocol):
         Called by the core on the loop; never blocks."""
         ...
 
+    async def carry(self, src: ObjectRef, dst: ObjectRef) -> bool:
+        """The origin now has ``src``'s exact bytes as ``dst`` too (a rename whose copy kept
+        the version): a cache makes its complete copy of ``src``, if it has one, the content
+        of ``dst`` as well (no origin read), so that readers of ``dst`` keep being served
+        after the origin replaces it. Returns whether it did."""
+        ...
+
     async def aclose(self) -> None: ...
 
 
@@ -169,6 +176,9 @@ class DirectReadPath:
 
     def discard(self, path: str, keep: str | None = None) -> int:
         return 0
+
+    async def carry(self, src: ObjectRef, dst: ObjectRef) -> bool:
+        return False
 
     def statistics(self) -> DirectStatistics:
         return DirectStatistics()

@@ -36,6 +36,8 @@ class MountConfig:
     s3_default_mode: int | None = None
     #: False: S3 listings show unseen objects with the default mode (no HEAD per object)
     s3_list_heads: bool = True
+    #: the S3 stall deadline in seconds (None: the origin's default, 10): first byte, idle
+    s3_timeout: float | None = None
     drain_timeout: float = 3600.0
     read_ahead_kb: int = 1024
     debug: bool = False

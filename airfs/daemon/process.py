@@ -21,6 +21,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import trio
 
@@ -69,21 +70,18 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
                 from airfs.origin.s3 import S3Origin
             except ImportError as exc:  # pragma: no cover - s3 support is part of the package
                 raise MountError(f"S3 origins are not available: {exc}") from None
-            if cfg.s3_default_mode is None:
-                return S3Origin.from_url(
-                    spec,
-                    endpoint=cfg.s3_endpoint,
-                    region=cfg.s3_region,
-                    path_style=cfg.s3_path_style,
-                    list_heads=cfg.s3_list_heads,
-                )
+            extra: dict[str, Any] = {}
+            if cfg.s3_default_mode is not None:
+                extra["default_mode"] = cfg.s3_default_mode
+            if cfg.s3_timeout is not None:
+                extra["stall_timeout"] = cfg.s3_timeout
             return S3Origin.from_url(
                 spec,
                 endpoint=cfg.s3_endpoint,
                 region=cfg.s3_region,
                 path_style=cfg.s3_path_style,
                 list_heads=cfg.s3_list_heads,
-                default_mode=cfg.s3_default_mode,
+                **extra,
             )
         if "://" in spec and not spec.startswith("file://"):
             raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")

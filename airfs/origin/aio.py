@@ -5,10 +5,17 @@ Every call runs in a worker thread (``trio.to_thread.run_sync``) under a shared
 jittered exponential backoff, sleeping on the trio loop *outside* the limiter (a retrying
 call never holds an origin slot while it waits). Origins do not retry on their own.
 
-Outages: once a read has used up its retries on transient errors, the origin is considered
-*down* for :attr:`AsyncOrigin.down_for` seconds (or until any call succeeds). Calls made with
-``fast=True`` (the core's revalidations of what it already knows) then fail at once instead of
-retrying, so cached data keeps being served without a wait; one call per period still probes.
+Outages: once a read has used up its retries on transient errors, or as soon as any call
+*stalls* (:class:`~airfs.origin.base.Stalled`: the origin's deadline for an answer passed,
+a server that accepts and never answers), the origin is considered *down* for
+:attr:`AsyncOrigin.down_for` seconds (or until any call succeeds). Calls made with
+``fast=True`` (the core's revalidations of what it already knows, lookups, the catalog's
+reloads) then fail at once instead of retrying, so cached data keeps being served and new
+files can be created without a wait. One fast call per period still probes; while the
+origin is down it waits at most :attr:`AsyncOrigin.probe_s` for the answer (the thread is
+left to finish on its own: its success ends the outage). A stalled call is tried at most
+twice, and once when it is a fast call or the origin was already down when it started, so
+a read of uncached data during an outage fails after one stall deadline.
 
 Cancellation: read-only calls abandon their thread when cancelled; calls that change the
 origin (``abandon=False``) are waited for, so the caller always knows whether they happened.
@@ -30,7 +37,7 @@ import trio
 
 from airfs.obs.histogram import Latencies, LatencyHistogram, as_dicts
 
-from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Transient
+from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Stalled, Transient
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +79,7 @@ class AsyncOrigin:
         base_delay: float = 0.1,
         max_delay: float = 5.0,
         down_for: float = 2.0,
+        probe_s: float = 1.0,
     ) -> None:
         self.sync = origin
         self.url = origin.url
@@ -80,7 +88,10 @@ class AsyncOrigin:
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.down_for = down_for
+        self.probe_s = probe_s
         self._down_until = 0.0
+        #: down since the last failure and not answered since (probes get ``probe_s``)
+        self._outage = False
         self._in_flight = 0
         self._calls: collections.Counter[str] = collections.Counter()
         self._retries: collections.Counter[str] = collections.Counter()
@@ -95,6 +106,14 @@ class AsyncOrigin:
     @property
     def down(self) -> bool:
         return time.monotonic() < self._down_until
+
+    def _mark_down(self, extra: float = 0.0) -> None:
+        self._down_until = time.monotonic() + self.down_for + extra
+        self._outage = True
+
+    def _mark_up(self) -> None:
+        self._down_until = 0.0
+        self._outage = False
 
     async def call(
         self,
@@ -115,29 +134,44 @@ class AsyncOrigin:
         tries = self.attempts if attempts is None else attempts
         delay: float = self.base_delay
         job = functools.partial(fn, *args)
+        stalls = 0
         for attempt in range(1, tries + 1):
             if fast and self.down:
                 raise Transient(f"{what}: origin {self.url} is unreachable (recent failures)")
+            outage = self._outage
+            probe = fast and abandon and outage
+            if probe:  # the one probe of this period: the others keep failing at once
+                self._mark_down(self.probe_s)
             self._calls[op] += 1
             self._in_flight += 1
             t0 = perf_counter()
             try:
-                out = await trio.to_thread.run_sync(
-                    job, limiter=self.limiter, abandon_on_cancel=abandon
-                )
+                if probe:
+                    out = await self._probe(job, what)
+                else:
+                    out = await trio.to_thread.run_sync(
+                        job, limiter=self.limiter, abandon_on_cancel=abandon
+                    )
             except OriginError as exc:
                 self._errors[op] += 1
                 if not exc.transient:
-                    self._down_until = 0.0
+                    self._mark_up()
                     raise
-                if attempt == tries or (fast and attempt >= 2):
+                if isinstance(exc, Stalled):
+                    stalls += 1
+                    self._mark_down()  # a stall is an outage at once, whoever made the call
+                    if fast or stalls >= 2 or outage:
+                        raise
+                elif attempt == tries or (fast and attempt >= 2):
                     if down:
-                        self._down_until = time.monotonic() + self.down_for
+                        self._mark_down()
+                    raise
+                if attempt == tries:
                     raise
                 self._retries[op] += 1
                 log.warning("%s failed (attempt %d/%d): %s", what, attempt, tries, exc)
             else:
-                self._down_until = 0.0
+                self._mark_up()
                 return out
             finally:
                 self._in_flight -= 1
@@ -147,6 +181,19 @@ class AsyncOrigin:
             await trio.sleep(random.uniform(0, delay))
             delay = min(self.max_delay, delay * 2)
         raise AssertionError("unreachable")
+
+    async def _probe(self, job: Callable[[], T], what: str) -> T:
+        """``job`` in a worker thread, waiting at most :attr:`probe_s` for it; a thread that
+        answers later still ends the outage."""
+
+        def run() -> T:
+            out = job()
+            self._mark_up()  # two plain stores; the loop reads them
+            return out
+
+        with trio.move_on_after(self.probe_s):
+            return await trio.to_thread.run_sync(run, limiter=self.limiter, abandon_on_cancel=True)
+        raise Stalled(f"{what}: origin {self.url} is down (no answer within {self.probe_s} s)")
 
     def statistics(self) -> OriginStats:
         return OriginStats(
@@ -195,10 +242,11 @@ class AsyncOrigin:
         uid: int | None = None,
         gid: int | None = None,
         attempts: int | None = None,
+        fast: bool = False,
     ) -> Entry:
-        fn = functools.partial(
-            self.sync.put, mode=mode, mtime_ns=mtime_ns, **self._owner(uid, gid)
-        )
+        """``fast``: a put the caller waits for in the foreground (an ``O_EXCL`` claim): it
+        fails at once while the origin is down (see the module docstring)."""
+        fn = functools.partial(self.sync.put, mode=mode, mtime_ns=mtime_ns, **self._owner(uid, gid))
         return await self.call(
             fn,
             path,
@@ -208,6 +256,7 @@ class AsyncOrigin:
             op="put",
             abandon=False,
             attempts=attempts,
+            fast=fast,
         )
 
     async def delete(self, path: str) -> None:

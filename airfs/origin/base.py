@@ -154,6 +154,12 @@ class Transient(OriginError):
     transient = True
 
 
+class Stalled(Transient):
+    """The origin did not answer within a deadline (connect, first byte, idle transfer): a
+    server that accepts and never answers. It starts the outage state at once
+    (:class:`~airfs.origin.aio.AsyncOrigin`), as errors do only after their retries."""
+
+
 _BY_ERRNO: dict[int, type[OriginError]] = {
     errno.ENOENT: NotFound,
     errno.EEXIST: Exists,

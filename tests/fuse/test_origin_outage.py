@@ -8,13 +8,16 @@ import errno
 import os
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from airfs.testing.mountfix import fuse_available, mount, teardown
-from airfs.testing.seaweed import find_weed, seaweed_server
+from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
+from airfs.testing.stallproxy import StallProxy
 
 pytestmark = [pytest.mark.mount, pytest.mark.s3]
 
@@ -148,3 +151,111 @@ def test_origin_outage_and_recovery(tmp_path: Path) -> None:
         finally:
             teardown(m)
             view.close()
+
+
+def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
+    """The S3 server stalls (a proxy in front of it accepts connections and never answers):
+    a new file can be created, written and closed while it does (it waited 130 s and more
+    for the server), cached reads keep working, and everything commits once it answers."""
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    from airfs.origin.s3 import S3Origin
+
+    host, port = seaweed.endpoint.removeprefix("http://").split(":")
+    prefix = f"stalled-{os.getpid()}-{time.monotonic_ns()}"
+    url = seaweed.url(prefix)
+    view = S3Origin.from_url(url, env=seaweed.env)  # straight to the server
+    (tmp_path / "mnt").mkdir()
+    with StallProxy((host, int(port))) as proxy:
+        m = mount(
+            url,
+            tmp_path / "mnt",
+            tmp_path / "cache",
+            "--s3-endpoint",
+            proxy.endpoint,
+            "--s3-timeout",
+            "2",
+            "--ttl",
+            "0.3",
+            env=seaweed.env,
+        )
+        m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
+        try:
+            root = m.mountpoint
+            cached = os.urandom(MiB + 3)
+            (root / "data").mkdir()
+            (root / "data" / "hot.bin").write_bytes(cached)
+            cold = os.urandom(300_000)
+            src = tmp_path / "cold"
+            src.write_bytes(cold)
+            view.put("cold.bin", str(src))
+            m.flush()
+            assert (root / "data" / "hot.bin").read_bytes() == cached
+            assert os.path.getsize(root / "cold.bin") == len(cold)  # known, never read
+
+            proxy.stall()
+            time.sleep(0.5)  # past the TTL: every open revalidates against the stalled server
+            made: dict[str, bytes] = {}
+
+            def offline_work() -> None:
+                for i in range(3):
+                    t0 = time.monotonic()
+                    rel = f"data/made-{i}.bin"
+                    made[rel] = os.urandom(100_000 + i)
+                    with open(root / rel, "wb") as f:  # O_CREAT | O_TRUNC of a new name
+                        f.write(made[rel])
+                    print(f"create+write+close {i} while stalled: {time.monotonic() - t0:.2f}s")
+                    assert (root / "data" / "hot.bin").read_bytes() == cached
+                fd = os.open(root / "top.txt", os.O_CREAT | os.O_WRONLY, 0o640)
+                os.write(fd, b"top")
+                os.close(fd)
+                made["top.txt"] = b"top"
+                # O_EXCL claims the name at the origin: it cannot while the origin is down
+                with pytest.raises(OSError) as info:
+                    os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+                assert info.value.errno == errno.EIO, info.value
+                # data this node never read: EIO after the deadlines, not a hang
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as info:
+                    (root / "cold.bin").read_bytes()
+                assert info.value.errno == errno.EIO, info.value
+                print(f"uncached read while stalled: EIO after {time.monotonic() - t0:.2f}s")
+
+            within(offline_work, "creating files while the origin stalls")
+            for rel, data in made.items():
+                assert (root / rel).read_bytes() == data
+            assert m.status()["writeback"]["pending_files"] == len(made)
+
+            proxy.resume()
+            m.flush(timeout=120)
+            for rel, data in made.items():
+                e = view.stat(rel)
+                assert view.read_range(rel, 0, e.size) == data, rel
+            assert m.status()["writeback"]["pending_files"] == 0
+            assert not (root / "excl.lock").exists()
+            assert (root / "cold.bin").read_bytes() == cold
+            fd = os.open(root / "excl.lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
+            os.close(fd)  # and it claims names again once the origin answers
+        finally:
+            teardown(m)
+            view.close()
+
+
+def within(fn: Callable[[], None], what: str, hang: float = 30.0) -> None:
+    """Run ``fn`` in a thread; fail if it raises or is still running after ``hang`` seconds
+    (this turns a hang into a failure: it is no measure of speed)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(hang)
+    if t.is_alive():
+        pytest.fail(f"{what}: still blocked after {hang} s")
+    if errors:
+        raise errors[0]

@@ -65,6 +65,9 @@ from ._config import (
     DEFAULT_SINGLE_PUT_MAX as DEFAULT_SINGLE_PUT_MAX,
 )
 from ._config import (
+    DEFAULT_STALL_TIMEOUT as DEFAULT_STALL_TIMEOUT,
+)
+from ._config import (
     DEFAULT_TIMEOUT as DEFAULT_TIMEOUT,
 )
 from ._config import (
@@ -79,6 +82,7 @@ __all__ = [
     "DEFAULT_PART_SIZE",
     "DEFAULT_PUT_CONCURRENCY",
     "DEFAULT_SINGLE_PUT_MAX",
+    "DEFAULT_STALL_TIMEOUT",
     "DEFAULT_TIMEOUT",
     "MODE_ATTR",
     "PROBE_PREFIX",

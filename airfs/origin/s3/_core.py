@@ -51,8 +51,13 @@ class S3Base:
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
         default_mode: int = DEFAULT_MODE,
         list_heads: bool = True,
+        bulk: S3Store | None = None,
     ) -> None:
+        #: the store of ordinary requests (the stall deadline applies), and the one of
+        #: uploads and copies of more than ``BULK_MIN`` bytes (their answer comes after the
+        #: body or the copy: they wait up to the overall request limit)
         self._store = store
+        self._bulk = store if bulk is None else bulk
         self.default_mode = default_mode & 0o7777
         self.list_heads = list_heads
         #: path -> ((ETag, Last-Modified ns), metadata, when read ns): what this origin knows

@@ -15,6 +15,7 @@ from ..base import (
     NotSupported,
     OriginError,
     PermissionDenied,
+    Stalled,
     Transient,
     from_oserror,
 )
@@ -31,6 +32,8 @@ _NETWORK_HINTS = (
     "reset by peer",
     "incomplete",
 )
+#: how a deadline overrun reads in obstore's (reqwest's) error text
+_TIMEOUT_HINTS = ("kind: timeout", "timedout", "timed out", "operation timed out")
 
 
 def first_line(exc: BaseException) -> str:
@@ -40,10 +43,19 @@ def first_line(exc: BaseException) -> str:
 
 
 def classify(
-    where: str, *, status: int | None, code: str | None, detail: str, network: bool = False
+    where: str,
+    *,
+    status: int | None,
+    code: str | None,
+    detail: str,
+    network: bool = False,
+    stalled: bool = False,
 ) -> OriginError:
-    """The typed error for an S3 failure; ``where`` starts the one-line message."""
+    """The typed error for an S3 failure; ``where`` starts the one-line message. ``stalled``:
+    a deadline passed without an answer (:class:`Stalled`)."""
     tag = code or (f"HTTP {status}" if status else "")
+    if stalled:
+        return Stalled(f"{where}: the S3 endpoint did not answer in time ({detail})", errno.EIO)
     if network:
         return Transient(f"{where}: cannot reach the S3 endpoint ({detail})", errno.EIO)
     if status == 404 or code in ("NoSuchKey", "NoSuchBucket"):
@@ -95,7 +107,8 @@ def translate(exc: BaseException, where: str) -> OriginError:
         isinstance(exc, TimeoutError | ConnectionError | http.client.HTTPException)
         or any(h in msg.lower() for h in _NETWORK_HINTS)
     ):
-        return classify(where, status=None, code=None, detail=detail, network=True)
+        stalled = isinstance(exc, TimeoutError) or any(h in msg.lower() for h in _TIMEOUT_HINTS)
+        return classify(where, status=None, code=None, detail=detail, network=True, stalled=stalled)
     elif status is None and isinstance(exc, OSError) and exc.errno:
         return from_oserror(exc, where)
     return classify(where, status=status, code=code, detail=detail)

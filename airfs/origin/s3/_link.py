@@ -25,7 +25,7 @@ import uuid
 import obstore
 
 from ..base import Conflict, Entry, Exists, Kind, NotSupported, PermissionDenied
-from ._config import PROBE_PREFIX
+from ._config import BULK_MIN, PROBE_PREFIX
 from ._errors import translate
 from ._meta import Meta
 from ._tree import Tree
@@ -57,7 +57,9 @@ class Links(Tree, Writes):
         try:
             if s.size <= COPY_MAX and self._raw is not None and self.conditional_copies():
                 headers = {"x-amz-copy-source": self._copy_source(src), "if-none-match": "*"}
-                self._raw.request("PUT", self._key(dst), where, headers=headers)
+                self._raw.request(
+                    "PUT", self._key(dst), where, headers=headers, slow=s.size > BULK_MIN
+                )
             elif s.size <= self.single_put_max and self.conditional_writes():
                 data = self.read_range(src, 0, s.size, s.version)
                 attrs = Meta(s.mode, s.uid, s.gid, s.mtime_ns)  # what the source shows
@@ -67,7 +69,7 @@ class Links(Tree, Writes):
                     raise Exists(f"{where}: exists")
                 if s.size > COPY_MAX:
                     raise NotSupported(f"{where}: linking an object over 5 GiB (a copy)")
-                obstore.copy(self._store, src, dst)
+                obstore.copy(self._bulk, src, dst)
         except Exception as exc:
             err = translate(exc, where)
             if isinstance(err, Conflict):

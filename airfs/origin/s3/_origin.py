@@ -14,9 +14,11 @@ from obstore.store import S3Store
 
 from ..base import Capabilities, NotFound, OriginError, PermissionDenied, Transient
 from ._config import (
+    CONNECT_TIMEOUT,
     DEFAULT_PART_SIZE,
     DEFAULT_PUT_CONCURRENCY,
     DEFAULT_SINGLE_PUT_MAX,
+    DEFAULT_STALL_TIMEOUT,
     DEFAULT_TIMEOUT,
 )
 from ._credentials import Credentials, resolve_credentials, resolve_region, truthy
@@ -41,6 +43,7 @@ class S3Origin(Links):
         env: Mapping[str, str] | None = None,
         conditional_writes: bool | None = None,
         timeout: float = DEFAULT_TIMEOUT,
+        stall_timeout: float = DEFAULT_STALL_TIMEOUT,
         single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
         part_size: int = DEFAULT_PART_SIZE,
         put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
@@ -60,7 +63,12 @@ class S3Origin(Links):
         usual for SeaweedFS/MinIO/Ceph) and to virtual-hosted requests on AWS.
 
         ``conditional_writes``: None probes the server on the first conditional put;
-        True/False asserts it. ``timeout`` is the limit per HTTP request, in seconds.
+        True/False asserts it. ``timeout`` is the limit per HTTP request, in seconds;
+        ``stall_timeout`` the stall deadline: for the server's first byte and for each next
+        read of an answer (a request with no byte for that long raises :class:`Stalled`;
+        a slow transfer that keeps moving is not cut); connecting takes at most
+        ``min(5, stall_timeout)`` s. Uploads and copies of more than 1 MiB wait for their
+        answer up to ``timeout`` (it comes after the body or the copy).
         ``default_mode``: the mode of objects that carry none (written by other tools).
         ``list_heads=False``: listings give objects this origin has not seen yet
         ``default_mode`` instead of asking each one's mode (faster first listings of large
@@ -106,7 +114,8 @@ class S3Origin(Links):
                 path_style=path_style,
                 region=region,
                 creds=creds,
-                timeout=min(timeout, 60.0),
+                timeout=stall_timeout,
+                slow_timeout=timeout,
             )
 
         def make_store(retry: dict[str, Any], client: dict[str, Any]) -> S3Store:
@@ -132,17 +141,25 @@ class S3Origin(Links):
 
         # obstore's own retries are off: the one retry policy is AsyncOrigin's (async, outside
         # the origin's concurrency limit)
-        store = make_store(
-            {
-                "max_retries": 0,
-                "retry_timeout": dt.timedelta(seconds=min(timeout, 120.0)),
-                "backoff": {
-                    "init_backoff": dt.timedelta(milliseconds=100),
-                    "max_backoff": dt.timedelta(seconds=5),
-                },
+        no_retries = {
+            "max_retries": 0,
+            "retry_timeout": dt.timedelta(seconds=min(timeout, 120.0)),
+            "backoff": {
+                "init_backoff": dt.timedelta(milliseconds=100),
+                "max_backoff": dt.timedelta(seconds=5),
             },
-            {"timeout": f"{int(timeout)}s", "connect_timeout": "5s", "read_timeout": "60s"},
+        }
+        limits: dict[str, Any] = {
+            "timeout": dt.timedelta(seconds=timeout),
+            "connect_timeout": dt.timedelta(seconds=min(CONNECT_TIMEOUT, stall_timeout)),
+        }
+        # reqwest's read timeout runs from the request's start (the upload of its body
+        # included: measured, writes do not reset it) to the answer's headers, then between
+        # reads of the answer: the stall deadline for everything but large uploads and copies
+        store = make_store(
+            no_retries, {**limits, "read_timeout": dt.timedelta(seconds=stall_timeout)}
         )
+        bulk = make_store(no_retries, limits)
         origin = cls(
             store,
             bucket=bucket,
@@ -154,11 +171,12 @@ class S3Origin(Links):
             put_concurrency=put_concurrency,
             default_mode=default_mode,
             list_heads=list_heads,
+            bulk=bulk,
         )
         if check:
             quick = make_store(
                 {"max_retries": 1, "retry_timeout": dt.timedelta(seconds=10)},
-                {"timeout": "20s", "connect_timeout": "3s"},
+                {"timeout": "20s", "connect_timeout": "3s", "read_timeout": "10s"},
             )
             origin._check(quick, endpoint, creds)
         return origin

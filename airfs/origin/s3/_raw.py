@@ -36,7 +36,8 @@ class RawS3:
         path_style: bool,
         region: str,
         creds: Credentials | None,
-        timeout: float = 60.0,
+        timeout: float = 10.0,
+        slow_timeout: float = 300.0,
     ) -> None:
         u = urllib.parse.urlsplit(endpoint)
         self.scheme, self.netloc = u.scheme, u.netloc
@@ -44,7 +45,11 @@ class RawS3:
         self.base = f"{base}/{quote(bucket, safe='')}" if path_style else base
         self.region = region
         self.creds = creds
+        #: the socket deadline (connect, and every send and receive: a stalled server) of
+        #: ordinary requests, and of those that may take long to answer (``slow=True``:
+        #: server-side copies of large objects)
         self.timeout = timeout
+        self.slow_timeout = slow_timeout
         self._local = threading.local()  # one kept-alive connection per worker thread
 
     def _conn(self) -> http.client.HTTPConnection:
@@ -115,10 +120,13 @@ class RawS3:
         query: Mapping[str, str] | None = None,
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
+        *,
+        slow: bool = False,
     ) -> bytes:
         """Send one request (``key=None``: the bucket itself) with extra signed ``headers``;
-        raise the typed error for a non-2xx reply; return the body."""
-        return self.send(method, key, where, query, body, headers)[1]
+        raise the typed error for a non-2xx reply; return the body. ``slow``: the request
+        may take long before its answer (a copy), it gets ``slow_timeout``."""
+        return self.send(method, key, where, query, body, headers, slow=slow)[1]
 
     def head(self, key: str, where: str) -> dict[str, str] | None:
         """The reply headers of a HEAD of ``key`` (names in lower case), or None if there is
@@ -136,14 +144,20 @@ class RawS3:
         query: Mapping[str, str] | None = None,
         body: bytes = b"",
         headers: Mapping[str, str] | None = None,
+        *,
+        slow: bool = False,
     ) -> tuple[dict[str, str], bytes]:
-        """:meth:`request`, returning the reply headers (lower-case names) with the body."""
+        """:meth:`request`, returning the reply headers (lower-case names) with the body.
+        A request with no answer within the socket deadline raises :class:`Stalled`."""
         path = self.base + ("/" + quote(key, safe="/~") if key is not None else "") or "/"
         qs = "&".join(f"{quote(k)}={quote(v)}" for k, v in sorted((query or {}).items()))
         target = f"{path}?{qs}" if qs else path
         for attempt in (1, 2):  # a kept-alive connection may have been closed by the server
             fresh = getattr(self._local, "conn", None) is None
             conn = self._conn()
+            conn.timeout = self.slow_timeout if slow else self.timeout
+            if conn.sock is not None:
+                conn.sock.settimeout(conn.timeout)
             try:
                 conn.request(
                     method,
@@ -158,7 +172,8 @@ class RawS3:
                 break
             except (OSError, http.client.HTTPException) as exc:
                 self._drop()
-                if attempt == 1 and not fresh:
+                stalled = isinstance(exc, TimeoutError)
+                if attempt == 1 and not fresh and not stalled:
                     continue  # a request that never reached the server: send it again
                 raise classify(
                     where,
@@ -166,6 +181,7 @@ class RawS3:
                     code=None,
                     detail=first_line(exc) or repr(exc),
                     network=True,
+                    stalled=stalled,
                 ) from None
         if resp.status >= 300:
             c = CODE_RE.search(data.decode("utf-8", "replace"))

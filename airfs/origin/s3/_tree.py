@@ -20,6 +20,7 @@ from ..base import (
     check_rename_target,
     split,
 )
+from ._config import BULK_MIN
 from ._errors import translate
 from ._meta import Meta
 from ._reads import Reads
@@ -92,7 +93,7 @@ class Tree(Reads):
             self._rename_dir(src, dst)
         else:
             try:
-                obstore.copy(self._store, src, dst)
+                obstore.copy(self._bulk, src, dst)
                 obstore.delete(self._store, src)
             except Exception as exc:
                 raise translate(exc, self._where(src)) from None
@@ -120,7 +121,7 @@ class Tree(Reads):
                         self._put_marker(new.rstrip("/"), got[0] if got else None)
                         markers.append(rel.rstrip("/"))
                     continue
-                obstore.copy(self._store, rel, new)  # the metadata is copied
+                obstore.copy(self._bulk, rel, new)  # the metadata is copied
                 moved.append(rel)
             top = self._dir_meta(src) if keep_meta else None
             self._put_marker(dst, top[0] if top else None)
@@ -201,7 +202,7 @@ class Tree(Reads):
             **new.headers(),
         }
         try:
-            raw.request("PUT", key, self._where(path), headers=headers)
+            raw.request("PUT", key, self._where(path), headers=headers, slow=entry.size > BULK_MIN)
         except Conflict:
             raise Conflict(
                 f"{self._where(path)}: changed at the origin (version {entry.version} is gone)"

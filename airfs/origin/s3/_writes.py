@@ -29,7 +29,7 @@ from ..base import (
     from_oserror,
     split,
 )
-from ._config import PROBE_PREFIX, MiB
+from ._config import BULK_MIN, PROBE_PREFIX, MiB
 from ._core import S3Base
 from ._errors import translate
 from ._meta import Meta
@@ -161,7 +161,7 @@ class Writes(S3Base):
         obstore's exceptions."""
         if size <= self.single_put_max:
             res = obstore.put(
-                self._store,
+                self._store if size <= BULK_MIN else self._bulk,
                 path,
                 body,
                 mode=cond,
@@ -172,7 +172,7 @@ class Writes(S3Base):
             # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
             part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
             res = obstore.put(
-                self._store,
+                self._bulk,
                 path,
                 body,
                 use_multipart=True,
