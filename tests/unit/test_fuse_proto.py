@@ -270,7 +270,7 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Se
     inits = []
     try:
         async with (
-            build(mem, str(tmp_path / "cache"), ttl=5.0, attempts=1) as b,
+            build(mem, str(tmp_path / "cache"), ttl=5.0, attempts=1, upload=False) as b,
             trio.open_nursery() as nursery,
         ):
             session = Session(ours.fileno(), b.fs, 5.0, on_init=inits.append, pages_limit=32)
