@@ -408,12 +408,16 @@ class CoreBase:
         never races an upload to the old name; then put the journal updates of the commits
         that landed on disk (else, after a crash, the record of a commit that landed at the
         old name would be replayed there once the name operation has moved or removed it)."""
-        while busy := [
-            v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading
-        ]:
-            await self._wait_upload(busy[0])
-        with contextlib.suppress(OSError):  # journal full: the operation's own settle says so
-            await self.area.settle()
+        while True:
+            while busy := self._uploading(path):
+                await self._wait_upload(busy[0])
+            with contextlib.suppress(OSError):  # journal full: the operation's settle says so
+                await self.area.settle()
+            if not self._uploading(path):  # none started while we settled: no await after
+                return
+
+    def _uploading(self, path: str) -> list[Staged]:
+        return [v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading]
 
     async def _wait_upload(self, st: Staged) -> None:
         while st.uploading:

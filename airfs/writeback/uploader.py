@@ -203,13 +203,13 @@ class Uploader:
         landed): then the put is retried on top of it."""
         caps = self.origin.capabilities
         for _ in range(2):
-            if_match = (ps.base or "") if caps.conditional_put else None
             # the record on disk must name the version this put replaces (a crash during
             # the put leaves that version or ours at the origin, never a false conflict);
             # with the journal refusing writes (disk full) the commit still goes ahead: it is
             # what frees space (the settler retries and logs every second)
             with contextlib.suppress(OSError):
                 await self.area.settle()
+            if_match = (ps.base or "") if caps.conditional_put else None
             try:
                 return await self.origin.put(
                     path,
