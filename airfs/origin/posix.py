@@ -373,9 +373,9 @@ class PosixOrigin:
                     # set since (a tool setting them, e.g. cp -a): put back after the rename
                     now = os.fstat(d)
                     times = before if now.st_mtime_ns == made else now
-                    crash_point("posix-put-written")
+                    crash_point("put-before-publish")
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
-                    crash_point("posix-put-linked")
+                    crash_point("put-after-publish")
                     with contextlib.suppress(OSError):
                         os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
                     st = os.fstat(dst)

@@ -4,10 +4,11 @@
 process SIGKILL (as ``kill -9`` would, with nothing flushed or cleaned up). The variable is read
 once, at import; without it every point is a no-op (one string comparison). The points:
 
-* ``posix-put-written``: a POSIX origin's put has written and fsynced its temporary file and
-  checked its precondition, and has not yet linked it at the name;
-* ``posix-put-linked``: the temporary file was renamed over the name, the put has not returned
-  (so the journal does not know the commit landed).
+* ``put-before-publish``: an origin's put has done everything but make its object visible at
+  the name (POSIX: the temporary file is written, fsynced and its precondition checked, not
+  yet renamed over the name; S3: the PUT is about to be sent);
+* ``put-after-publish``: the object is at the name (POSIX: renamed; S3: the PUT answered),
+  the put has not returned (so the journal does not know the commit landed).
 """
 
 from __future__ import annotations
