@@ -83,6 +83,16 @@ def cmd_umount(args: argparse.Namespace) -> int:
         time.sleep(0.05)
     if mounts().get(mp) == MOUNT_TYPE:
         return fail(f"{args.mountpoint} is still mounted (busy?)")
+    lost = result.get("conflicts") or []
+    if lost and not result.get("pending"):
+        kept = "; ".join(f"{c['path']} -> {c['kept']}" for c in lost[:10])
+        more = f" (and {len(lost) - 10} more)" if len(lost) > 10 else ""
+        return fail(
+            f"unmounted {args.mountpoint}, but {len(lost)} write(s) were lost to a conflict "
+            f"with another version at the origin (not committed); their bytes are kept: "
+            f"{kept}{more}",
+            4,
+        )
     if not result.get("drained", False):
         return fail(
             f"unmounted {args.mountpoint}, but {result.get('pending', '?')} file(s) are not yet "

@@ -83,11 +83,13 @@ def _mount_config(args: argparse.Namespace) -> Any:
 def clear_dead_mount(mp: str) -> bool:
     """Unmount (lazily) an airfs mount on ``mp`` whose daemon is gone (the kernel answers
     ENOTCONN or ECONNABORTED), as left by a daemon killed with SIGKILL; True if one was
-    cleared."""
+    cleared. Asked with ``statfs``, which the kernel always sends to the daemon (a ``stat``
+    is answered from its attribute cache for a while after the daemon died: the mount
+    looked alive, and the new mount was refused, after a change of the mount root)."""
     if mounts().get(mp) != MOUNT_TYPE:
         return False
     try:
-        os.stat(mp)
+        os.statvfs(mp)
         return False  # alive
     except OSError as exc:
         if exc.errno not in (errno.ENOTCONN, errno.ECONNABORTED):

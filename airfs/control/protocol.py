@@ -26,12 +26,15 @@ A request line is at most :data:`MAX_LINE` bytes and nests arrays and objects at
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
 import os
 import re
+import socket
 import stat
+import time
 from typing import Any
 
 MOUNT_TYPE = "fuse.airfs"
@@ -121,6 +124,46 @@ class BadMessage(ValueError):
     def __init__(self, message: str, err: int = errno.EINVAL) -> None:
         super().__init__(message)
         self.errno = err
+
+#: a socket younger than this is never taken for a dead one (a starting daemon binds it a
+#: moment before it listens, and refuses connections meanwhile)
+DEAD_SOCKET_AGE_S = 60.0
+
+
+def remove_dead_sockets(directory: str, *, min_age_s: float = DEAD_SOCKET_AGE_S) -> list[str]:
+    """Remove the control sockets in ``directory`` that no daemon serves any more (left by a
+    daemon killed with SIGKILL): a socket file (``*.sock``, owned by this user) that refuses
+    a connection and was last modified over ``min_age_s`` seconds ago. Anything else is
+    never touched. Returns the paths removed."""
+    removed: list[str] = []
+    now = time.time()
+    try:
+        names = sorted(n for n in os.listdir(directory) if n.endswith(".sock"))
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+            continue
+        if now - st.st_mtime < min_age_s:
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1.0)
+            try:
+                s.connect(path)
+                continue  # served
+            except ConnectionRefusedError:
+                pass
+            except OSError:
+                continue  # busy, timed out, ...: not known to be dead
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+    return removed
 
 
 def encode(msg: dict[str, Any]) -> bytes:

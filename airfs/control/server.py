@@ -34,7 +34,7 @@ from .auth import (
     peer_caller,
     redact,
 )
-from .protocol import MAX_LINE, BadMessage, decode, encode, prepare_dir
+from .protocol import MAX_LINE, BadMessage, decode, encode, prepare_dir, remove_dead_sockets
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +118,9 @@ class ControlServer:
         prepare_dir(os.path.dirname(self.path), os.geteuid())
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        # the sockets of daemons killed with SIGKILL (nothing else removes them)
+        for dead in await trio.to_thread.run_sync(remove_dead_sockets, os.path.dirname(self.path)):
+            log.info("removed the control socket of a daemon that had died: %s", dead)
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         await sock.bind(self.path)
         # anyone may connect: each request is authorised by its peer credentials; a socket

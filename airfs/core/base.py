@@ -413,7 +413,9 @@ class CoreBase:
                 log.warning("%s: attributes set during its commit not kept: %s", path, exc)
             else:
                 if st.ps is not None and st.ps.base == put_version:
-                    st.ps.base = entry.version  # our own change: the next commit replaces it
+                    # our own change: the next commit replaces it (journaled: after a crash
+                    # it is still ours, not a conflict)
+                    self.area.rebase(st.ps, entry.version)
         if not self._mtimes:
             entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
         self.listings.record(path, entry)
@@ -436,11 +438,19 @@ class CoreBase:
 
     async def _settle(self, path: str) -> None:
         """Wait for in-flight commits at or under ``path`` to land, so a name operation
-        never races an upload to the old name."""
-        while busy := [
-            v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading
-        ]:
-            await self._wait_upload(busy[0])
+        never races an upload to the old name; then put the journal updates of the commits
+        that landed on disk (else, after a crash, the record of a commit that landed at the
+        old name would be replayed there once the name operation has moved or removed it)."""
+        while True:
+            while busy := self._uploading(path):
+                await self._wait_upload(busy[0])
+            with contextlib.suppress(OSError):  # journal full: the operation's settle says so
+                await self.area.settle()
+            if not self._uploading(path):  # none started while we settled: no await after
+                return
+
+    def _uploading(self, path: str) -> list[Staged]:
+        return [v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading]
 
     async def _wait_upload(self, st: Staged) -> None:
         while st.uploading:

@@ -224,7 +224,7 @@ class FileOps(CoreBase):
             self.area.discard(st)
             raise
         assert st.ps is not None
-        st.ps.base = entry.version
+        self.area.rebase(st.ps, entry.version)
         st.committed_gen = st.gen  # what is at the origin: nothing to commit until written
         self.listings.record(path, entry)
         return entry

@@ -197,7 +197,7 @@ class Filesystem(NameOps):
                 if cur is not None and cur.ps is not None and cur.ps.base is not None:
                     # our own change of the version the staged file replaces: its next
                     # commit replaces this one (If-Match), not a conflict
-                    cur.ps.base = entry.version
+                    self.area.rebase(cur.ps, entry.version)
                 node.entry = entry
                 node.fetched = time.monotonic()
                 self.listings.record(node.path, entry)

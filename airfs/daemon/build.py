@@ -12,8 +12,9 @@ the same cache dir.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 
 import trio
@@ -24,10 +25,12 @@ from airfs.core.context import Guard
 from airfs.core.fs import Filesystem
 from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Origin
+from airfs.origin.base import Entry, Origin, split
 from airfs.writeback.recovery import RecoveryReport, open_area, recover
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
+
+log = logging.getLogger(__name__)
 
 ReadPathFactory = Callable[[AsyncOrigin, trio.Nursery], Awaitable[ReadPath]]
 
@@ -70,12 +73,16 @@ async def build(
     attempts: int = 5,
     upload_concurrency: int = 8,
     upload: bool = True,
+    remove_temporaries: Callable[[Iterable[str]], tuple[str, ...]] | None = None,
 ) -> AsyncIterator[Built]:
     """Build and run the core over ``origin`` with its state in ``cache_dir``.
 
     Raises :class:`~airfs.writeback.journal.JournalDamaged` when the journal cannot be
     trusted (see :func:`airfs.writeback.recovery.recover`), and the origin's errors when its
     root cannot be read. ``upload=False`` (tests) leaves the uploader stopped.
+    ``remove_temporaries`` (:meth:`~airfs.origin.posix.PosixOrigin.remove_temporaries`) is
+    given the directories where a commit cut short by a crash may have left this node's
+    temporary files, after recovery and before the first commit.
 
     ``guard`` None: the origin's catalog governs (:class:`~airfs.catalog.service.CatalogService`;
     while the origin has none, everything is allowed but its reserved name, and an
@@ -93,6 +100,15 @@ async def build(
         )
         stack.callback(area.close)
         report = recover(area, rebuild=rebuild_journal, hint=journal_hint)
+        if remove_temporaries is not None and report.paths:
+            dirs = sorted({split(p)[0] for p in report.paths})
+            removed = await trio.to_thread.run_sync(remove_temporaries, dirs)
+            if removed:
+                log.info(
+                    "removed %d temporary file(s) of commits cut short by a crash: %s",
+                    len(removed),
+                    ", ".join(removed[:5]),
+                )
         nursery = await stack.enter_async_context(trio.open_nursery())
         stack.callback(nursery.cancel_scope.cancel)
         nursery.start_soon(area.run_settler)

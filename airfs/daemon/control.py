@@ -173,7 +173,9 @@ class Daemon:
     async def drain(self, progress: Progress | None = None) -> dict[str, Any]:
         """Commit every pending file, waiting at most ``drain_timeout``: ``{"drained": True,
         ...}``, or ``{"drained": False, "error": ..., "pending": N}`` (what stays pending stays
-        in the journal for the next mount). Never raises for a failed commit."""
+        in the journal for the next mount). Either way ``"conflicts"`` lists every write this
+        daemon lost to a conflict at the origin (``path``, and ``kept``: where its bytes are),
+        also those an earlier ``flush`` reported. Never raises for a failed commit."""
         left = self.area.pending()
         if left:
             log.info("draining %d pending file(s) before unmount", len(left))
@@ -181,8 +183,17 @@ class Daemon:
             try:
                 out = await self.uploader.flush("", progress)
             except OSError as exc:
-                log.error("unmount: %s; kept in the journal for the next mount", exc)
-                return {"drained": False, "error": str(exc), "pending": len(self.area.pending())}
+                n = len(self.area.pending())
+                if n:
+                    log.error("unmount: %s; kept in the journal for the next mount", exc)
+                else:
+                    log.error("unmount: %s", exc)
+                return {
+                    "drained": False,
+                    "error": str(exc),
+                    "pending": n,
+                    "conflicts": self._conflicts(),
+                }
         if scope.cancelled_caught:
             n = len(self.area.pending())
             log.error(
@@ -191,8 +202,16 @@ class Daemon:
                 n,
                 self.cfg.drain_timeout,
             )
-            return {"drained": False, "error": "drain timed out", "pending": n}
-        return {"drained": True, **out}
+            return {
+                "drained": False,
+                "error": "drain timed out",
+                "pending": n,
+                "conflicts": self._conflicts(),
+            }
+        return {"drained": True, **out, "conflicts": self._conflicts()}
+
+    def _conflicts(self) -> list[dict[str, str]]:
+        return [{"path": c["path"], "kept": c["kept"]} for c in self.uploader.conflicts]
 
     def activity(self) -> int:
         """A counter that moves while the mount works: requests served, commits, bytes read

@@ -34,7 +34,8 @@ from airfs.daemon import heap, memdebug
 from airfs.fuse.transport import TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Origin, OriginError
-from airfs.origin.posix import PosixOrigin
+from airfs.origin.latency import LatencyOrigin
+from airfs.origin.posix import PosixOrigin, tmp_tag
 from airfs.writeback.journal import JournalDamaged
 
 from .build import build
@@ -53,10 +54,14 @@ def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
     Raises :class:`MountError`."""
     origin = _open_origin(cfg, overlay_fd)
     if cfg.emulate_latency or cfg.emulate_bandwidth:
-        from airfs.origin.latency import LatencyOrigin
-
         return LatencyOrigin(origin, cfg.emulate_latency, cfg.emulate_bandwidth)
     return origin
+
+
+def posix_of(origin: Origin) -> PosixOrigin | None:
+    """The POSIX origin ``origin`` is (or emulates the latency of), else None."""
+    inner = origin.inner if isinstance(origin, LatencyOrigin) else origin
+    return inner if isinstance(inner, PosixOrigin) else None
 
 
 def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
@@ -64,7 +69,7 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
     try:
         if spec is None:
             assert overlay_fd is not None
-            return PosixOrigin(cfg.mountpoint, dir_fd=overlay_fd)
+            return PosixOrigin(cfg.mountpoint, dir_fd=overlay_fd, tag=tmp_tag(cfg.cache_dir))
         if spec.startswith("s3://"):
             try:
                 from airfs.origin.s3 import S3Origin
@@ -85,7 +90,7 @@ def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
             )
         if "://" in spec and not spec.startswith("file://"):
             raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")
-        return PosixOrigin(spec.removeprefix("file://"))
+        return PosixOrigin(spec.removeprefix("file://"), tag=tmp_tag(cfg.cache_dir))
     except OriginError as exc:
         raise MountError(f"origin {spec or cfg.mountpoint}: {exc.strerror or exc}") from None
 
@@ -172,6 +177,7 @@ async def serve(d: Daemon, ready: Callable[[str | None], None]) -> int:
     if reason:
         raise MountError(reason)
     sync_origin = open_origin(cfg, overlay_fd)
+    posix = posix_of(sync_origin)
     prepare_cache_dir(cfg.cache_dir)
     lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
@@ -191,6 +197,7 @@ async def serve(d: Daemon, ready: Callable[[str | None], None]) -> int:
             readpath=functools.partial(make_readpath, cfg),
             rebuild_journal=cfg.rebuild_journal,
             journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",
+            remove_temporaries=posix.remove_temporaries if posix is not None else None,
         ) as built:
             d.origin, d.readpath, d.area = built.origin, built.readpath, built.area
             d.fs, d.uploader = built.fs, built.uploader

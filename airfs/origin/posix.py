@@ -7,21 +7,27 @@ under it without following any symbolic link (:mod:`airfs.origin.beneath`): a li
 middle of a path is "not a directory", a link is never opened, written or chmod'ed through.
 
 Version tag: ``"<inode>-<size>-<mtime_ns>"`` (hex). :meth:`PosixOrigin.put` writes a temporary
-file beside the target (named ``.airfs-tmp-*``, hidden from listings), fsyncs it and renames it
-over the target, so readers of the directory see the old file or the whole new one.
+file beside the target (named ``.airfs-tmp-<tag>-<random>``, hidden from listings), fsyncs it
+and renames it over the target, so readers of the directory see the old file or the whole new
+one. ``<tag>`` names the node (the daemon's cache dir, :func:`tmp_tag`): a temporary left by a
+crashed commit is recognised as this node's own and removed by the next mount
+(:meth:`PosixOrigin.remove_temporaries`), never another node's, whose commit may be running.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
+from airfs.util.crashpoint import crash_point
 from airfs.util.fileutil import copy_sparse
 
 from .base import (
@@ -41,6 +47,12 @@ from .base import (
 from .beneath import open_beneath, parent_of
 
 TMP_PREFIX = ".airfs-tmp-"
+
+
+def tmp_tag(cache_dir: str) -> str:
+    """The tag of the temporary files of the node whose cache dir is ``cache_dir`` (one
+    daemon at a time uses a cache dir): 12 hex digits."""
+    return hashlib.sha256(os.path.realpath(cache_dir).encode()).hexdigest()[:12]
 
 
 def version_of(st: os.stat_result) -> str:
@@ -129,8 +141,10 @@ class PosixOrigin:
     def check_name(self, path: str) -> None:
         return None
 
-    def __init__(self, root: str, *, dir_fd: int | None = None) -> None:
+    def __init__(self, root: str, *, dir_fd: int | None = None, tag: str = "") -> None:
         """Open ``root`` (or adopt ``dir_fd``, already open on it; the origin then owns it).
+        ``tag`` (:func:`tmp_tag`) goes into the names of this node's temporary files; without
+        one they are named as before tags (no later mount can tell they were its own).
 
         Raises :class:`NotFound`, :class:`NotADir` or :class:`PermissionDenied` with a message
         naming ``root`` when it cannot be used.
@@ -142,6 +156,7 @@ class PosixOrigin:
             except OSError as exc:
                 raise from_oserror(exc, self.url) from None
         self._fd = dir_fd
+        self._tmp = f"{TMP_PREFIX}{tag}-" if tag else TMP_PREFIX
         # (path, version) -> [fd, refs]: files kept open while a reader has them open, so a
         # reader keeps its version even when the path is replaced or removed meanwhile.
         self._pins: dict[tuple[str, str], list[int]] = {}
@@ -319,7 +334,7 @@ class PosixOrigin:
         commit is not a second change (nor is the replacement of a file by a new version).
         Its ctime cannot be set, and moves."""
         parent, _, name = path.rpartition("/")
-        tmp = f"{TMP_PREFIX}{uuid.uuid4().hex}"
+        tmp = f"{self._tmp}{uuid.uuid4().hex}"
         try:
             d = open_beneath(self._fd, parent or ".", os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
@@ -358,7 +373,9 @@ class PosixOrigin:
                     # set since (a tool setting them, e.g. cp -a): put back after the rename
                     now = os.fstat(d)
                     times = before if now.st_mtime_ns == made else now
+                    crash_point("put-before-publish")
                     os.rename(tmp, name, src_dir_fd=d, dst_dir_fd=d)
+                    crash_point("put-after-publish")
                     with contextlib.suppress(OSError):
                         os.utime(d, ns=(times.st_atime_ns, times.st_mtime_ns))
                     st = os.fstat(dst)
@@ -373,6 +390,33 @@ class PosixOrigin:
         finally:
             os.close(d)
         return _entry(name, st)
+
+    def remove_temporaries(self, dirs: Iterable[str]) -> tuple[str, ...]:
+        """Remove this node's temporary files (its tag, see :func:`tmp_tag`) from the
+        directories ``dirs``: left by commits a crash cut short (a running put removes its
+        own on failure). Only call it before this node's first put. Other tools' files and
+        other nodes' temporaries (another tag, or none) are never touched; a directory that
+        is gone or unreadable is skipped. Returns the paths removed."""
+        if self._tmp == TMP_PREFIX:
+            return ()
+        removed: builtins.list[str] = []
+        for dir_path in dict.fromkeys(dirs):
+            try:
+                d = open_beneath(self._fd, dir_path or ".", os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                continue
+            try:
+                with os.scandir(d) as it:
+                    names = [de.name for de in it if de.name.startswith(self._tmp)]
+                for name in names:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name, dir_fd=d)
+                        removed.append(f"{dir_path}/{name}" if dir_path else name)
+            except OSError:
+                continue
+            finally:
+                os.close(d)
+        return tuple(removed)
 
     def delete(self, path: str) -> None:
         try:

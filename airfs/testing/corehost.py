@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import trio
@@ -24,8 +25,12 @@ from airfs.daemon.build import Built, build
 from airfs.origin.base import Origin
 
 T = TypeVar("T")
-_RESTART = object()
 _STOP = object()
+
+
+@dataclass(frozen=True)
+class _Crash:
+    then: Callable[[], None] | None
 
 
 class CoreHost:
@@ -57,7 +62,12 @@ class CoreHost:
                     self._ready.set()
                     while True:
                         cmd = await trio.to_thread.run_sync(self._cmds.get)
-                        if cmd is _RESTART or cmd is _STOP:
+                        if isinstance(cmd, _Crash):
+                            built.area.crashed()  # what is not on disk yet is lost
+                            if cmd.then is not None:
+                                cmd.then()
+                            break
+                        if cmd is _STOP:
                             break
                         fn, box, done = cmd
                         try:
@@ -84,10 +94,13 @@ class CoreHost:
             raise value
         return value  # type: ignore[no-any-return]
 
-    def crash(self) -> None:
-        """Drop all in-memory state and build again from the journal and staging files."""
+    def crash(self, then: Callable[[], None] | None = None) -> None:
+        """Drop all in-memory state and build again from the journal and staging files: the
+        disk changes still queued (a commit's journal update not yet settled) are lost, as
+        in a crash. ``then`` runs once the crash is decided, before the old core is torn
+        down (e.g. to release an origin call held at a crash point)."""
         self._ready = threading.Event()
-        self._cmds.put(_RESTART)
+        self._cmds.put(_Crash(then))
         self._wait_ready(self._ready)
 
     def close(self) -> None:

@@ -52,6 +52,9 @@ class Record:
     #: owner for the commit (None: the origin's default); absent in records before owners
     uid: int | None = None
     gid: int | None = None
+    #: an older closed version kept after a crash only to recognise it at the origin (it may
+    #: have landed): never committed itself (see :mod:`airfs.writeback.recovery`)
+    prior: bool = False
 
     def encode(self) -> bytes:
         return json.dumps(asdict(self)).encode()

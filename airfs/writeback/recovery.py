@@ -4,7 +4,10 @@ Contract (nothing closed is ever silently dropped):
 
 * every journaled file becomes pending again, in its original order; of two closed versions of
   one path (a rewrite closed while the previous version was being committed) the newer is
-  committed, and the older is kept until then to recognise it should it have landed;
+  committed, and the older is kept until then to recognise it should it have landed: its
+  record stays in the journal, marked ``prior`` (never committed itself), so that it is still
+  recognised after a second crash; it goes once the newer version lands (or the path is
+  deleted), and a prior whose path has no newer record left is dropped;
 * a staging file with no record (open for writing when the daemon died) is moved to
   ``recovered/<its path>`` and reported; an empty one with no path (a spare staging file
   never used) is deleted;
@@ -22,7 +25,7 @@ import logging
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .journal import PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
 from .staging import PathState, Staged, StagingArea
@@ -38,6 +41,9 @@ class RecoveryReport:
     recovered: tuple[str, ...] = ()
     rebuilt: int = 0
     missing: tuple[str, ...] = field(default_factory=tuple)
+    #: the paths whose commit a crash may have cut short (journaled, or open for writing):
+    #: where a crashed commit may have left a temporary file at the origin
+    paths: tuple[str, ...] = ()
 
 
 def _xattr(path: str, name: str) -> bytes | None:
@@ -81,9 +87,14 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
         if raw is None:
             continue
         try:
-            orphans[name] = Record.decode(raw)
+            rec = Record.decode(raw)
         except (ValueError, TypeError):
             continue
+        if rec.prior:  # a prior whose record was deleted (its file's deletion cut short)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(area.dir, name))
+            continue
+        orphans[name] = rec
     if orphans and not rebuild:
         raise JournalDamaged(
             f"the journal in {area.journal_dir} has lost the records of {len(orphans)} closed "
@@ -102,15 +113,25 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
     for path, recs in by_path.items():
         # the newest closed version is the file; older ones (a rewrite closed while the
         # previous version was being committed) are kept only to recognise them at the origin
-        *older, rec = recs
+        current = [r for r in recs if not r.prior]
+        if not current:  # priors of a version that is gone (landed, deleted, moved)
+            _drop(area, recs)
+            continue
+        rec = current[-1]
         ps = PathState(path, rec.base_version)
-        for o in older:
+        for o in recs:
+            if o is rec:
+                continue
             f = os.path.join(area.dir, o.id)
-            with contextlib.suppress(OSError):
-                os.removexattr(f, RECORD_XATTR)
-            area.journal.delete(o.id)
-            if os.path.exists(f):
-                ps.priors.append(f)
+            if not os.path.exists(f) or o.seq > rec.seq:
+                _drop(area, [o])
+                continue
+            if not o.prior:
+                o = replace(o, prior=True)
+                area.journal.put(o)
+                with contextlib.suppress(OSError):
+                    os.setxattr(f, RECORD_XATTR, o.encode())
+            ps.priors.append(f)
         file = os.path.join(area.dir, rec.id)
         try:
             fd = os.open(file, os.O_RDWR | os.O_CLOEXEC)
@@ -134,17 +155,24 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
         st.journaled_gen = st.gen
         area.adopt(ps, st)
         replayed.append(st)
-    keep = set(records) | {os.path.basename(f) for ps in area.paths.values() for f in ps.priors}
+    keep = {st.id for st in replayed} | {
+        os.path.basename(f) for ps in area.paths.values() for f in ps.priors
+    }
     recovered = []
+    touched = [r.path for r in records.values()]
     for name in names:
         if name in keep:
             continue
         src = os.path.join(area.dir, name)
+        if not os.path.exists(src):
+            continue  # a prior dropped above
         raw_path = _xattr(src, PATH_XATTR)
         if raw_path is None and os.path.getsize(src) == 0:
             os.unlink(src)  # a spare staging file, or one created and never written
             continue
         rel = raw_path.decode("utf-8", "surrogateescape") if raw_path else name
+        if raw_path:
+            touched.append(rel)
         if not rel or ".." in rel.split("/"):
             rel = name
         dst = os.path.join(area.recovered_dir, rel.lstrip("/"))
@@ -158,4 +186,18 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
             rel,
             dst,
         )
-    return RecoveryReport(len(replayed), tuple(recovered), len(orphans), tuple(missing))
+    return RecoveryReport(
+        len(replayed), tuple(recovered), len(orphans), tuple(missing), tuple(touched)
+    )
+
+
+def _drop(area: StagingArea, recs: list[Record]) -> None:
+    """Delete older versions kept as priors that nothing needs any more (its record's copy,
+    its record, then its file)."""
+    for o in recs:
+        f = os.path.join(area.dir, o.id)
+        with contextlib.suppress(OSError):
+            os.removexattr(f, RECORD_XATTR)
+        area.journal.delete(o.id)
+        with contextlib.suppress(OSError):
+            os.unlink(f)

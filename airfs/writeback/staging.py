@@ -86,6 +86,7 @@ class StagingArea(StagedBytes):
         self._changed = trio.Event()
         self._seq = itertools.count(int(time.time() * 1000))
         self.bytes = 0
+        self._crashed = False
         #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
         #: the path fails naming them, even when the conflict happened before it started
         self.unreported: list[tuple[str, str]] = []
@@ -392,6 +393,7 @@ class StagingArea(StagedBytes):
         for v in journaled:
             self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
         self.disk.write(deletes=[v.id for v in journaled])
+        self._drop_priors(ps)
         ps.path = None
         for v in list(ps.versions):
             v.seq = None
@@ -449,9 +451,24 @@ class StagingArea(StagedBytes):
         self.release(v)
 
     def _drop_priors(self, ps: PathState) -> None:
+        """Forget the older versions kept from a crash (records, then files: a file whose
+        prior record is gone is deleted by recovery)."""
+        if ps.priors:
+            self.disk.write(deletes=[os.path.basename(f) for f in ps.priors])
         for f in ps.priors:
             self.disk.unlink(f, os.path.basename(f))
         ps.priors.clear()
+
+    def rebase(self, ps: PathState, version: str | None) -> None:
+        """The next commit at ``ps``'s path replaces origin version ``version`` (one of our
+        own: a commit, attributes we set, a claim): recorded in memory and in the journal
+        records of its closed versions, so that after a crash the interrupted commit still
+        says *If-Match* what is at the origin (our own version is never a conflict). On disk
+        at the next settle (the uploader settles before every put)."""
+        if ps.base == version:
+            return
+        ps.base = version
+        self._rejournal(ps.versions)
 
     def upload_finished(self, ps: PathState, st: Staged) -> None:
         """The uploader is done with ``st`` (whatever the outcome)."""
@@ -549,10 +566,16 @@ class StagingArea(StagedBytes):
     def pending(self) -> list[Staged]:
         return [st for st in self.all.values() if st.dirty and st.path is not None]
 
+    def crashed(self) -> None:
+        """Test hook (:mod:`airfs.testing.corehost`): :meth:`close` will drop what is still
+        queued for the disk instead of applying it, as a crash of the daemon would."""
+        self._crashed = True
+
     def close(self) -> None:
         """Apply what is queued (errors logged), close every staging file and the journal."""
         try:
-            self.disk.settle_now()
+            if not self._crashed:
+                self.disk.settle_now()
         except OSError as exc:
             log.error("staging: could not write the last journal changes: %s", exc)
         self.close_spares()

@@ -9,7 +9,10 @@ the closed version it supersedes (so one path's versions reach the origin in ord
 Commits are idempotent: a conditional put that fails because the origin already holds exactly
 these bytes (a retried PUT whose first attempt landed, a crash between the PUT and the journal
 update) is a success, not a conflict. Sizes, then the MD5 ETag (S3 single-part) or the bytes
-themselves, are compared.
+themselves, are compared. Our own half-done commit is never a conflict: before every put the
+journal is settled, so that the record on disk says *If-Match* exactly what the put says; a
+crash during the put therefore leaves either the old version (the version the record names)
+or our bytes (recognised as landed) at the origin.
 
 Failures: transient errors (origin down, timeouts) are retried with backoff, forever; other
 errors (permission denied...) are retried slowly and reported in ``status`` and the log; a
@@ -200,6 +203,12 @@ class Uploader:
         landed): then the put is retried on top of it."""
         caps = self.origin.capabilities
         for _ in range(2):
+            # the record on disk must name the version this put replaces (a crash during
+            # the put leaves that version or ours at the origin, never a false conflict);
+            # with the journal refusing writes (disk full) the commit still goes ahead: it is
+            # what frees space (the settler retries and logs every second)
+            with contextlib.suppress(OSError):
+                await self.area.settle()
             if_match = (ps.base or "") if caps.conditional_put else None
             try:
                 return await self.origin.put(
@@ -222,7 +231,7 @@ class Uploader:
                 if not await self._is_prior(ps, path, entry):
                     raise
                 log.info("%s: the origin holds our previous version: committing over it", path)
-                ps.base = entry.version
+                self.area.rebase(ps, entry.version)
         raise Conflict(f"{path}: changed at the origin since it was opened")
 
     async def _stat(self, path: str) -> Entry | None:

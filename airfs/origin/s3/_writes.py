@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 import obstore
 import obstore.exceptions as oe
 
+from airfs.util.crashpoint import crash_point
+
 if TYPE_CHECKING:
     from obstore import PutMode, PutResult
 
@@ -144,7 +146,9 @@ class Writes(S3Base):
             else:
                 self._check_precondition(path, if_match)
         try:
+            crash_point("put-before-publish")
             etag = self._put_object(path, Path(source), size, attrs, cond)
+            crash_point("put-after-publish")
         except Exception as exc:
             err = translate(exc, where)
             if isinstance(err, Conflict) or (isinstance(err, NotFound) and if_match):
