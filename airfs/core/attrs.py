@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from dataclasses import dataclass
 
@@ -25,6 +26,15 @@ BLKSIZE = 1 << 20
 MODE_BITS = 0o7777
 
 
+def allocated_blocks(fd: int) -> int | None:
+    """The 512-byte blocks the open file ``fd`` has allocated (``st_blocks``); None if it
+    cannot be asked (closed meanwhile)."""
+    try:
+        return os.fstat(fd).st_blocks
+    except OSError:
+        return None
+
+
 def kind_of_mode(mode: int) -> Kind | None:
     """The :class:`Kind` of a full ``st_mode`` (None for an unknown file type)."""
     return _KIND_OF_TYPE.get(stat.S_IFMT(mode))
@@ -43,7 +53,10 @@ class Attr:
     """``stat`` of one inode. ``mode`` includes the file-type bits. ``atime_ns`` and
     ``ctime_ns`` default to ``mtime_ns`` where nothing else is known. ``ino`` is both the
     node id the kernel knows the inode by and its ``st_ino`` (the names of a hard-linked file
-    share one node: :class:`~airfs.core.inodes.InodeTable`)."""
+    share one node: :class:`~airfs.core.inodes.InodeTable`). ``blocks`` is the 512-byte
+    blocks the file takes (``st_blocks``): what the staging file or the origin has allocated
+    where that is known, so a sparse file's holes cost nothing; where nothing is known (-1,
+    e.g. an S3 object) it is the size rounded up to 512 bytes."""
 
     ino: int
     mode: int
@@ -55,16 +68,15 @@ class Attr:
     atime_ns: int = -1
     ctime_ns: int = -1
     rdev: int = 0
+    blocks: int = -1
 
     def __post_init__(self) -> None:
+        if self.blocks < 0:
+            object.__setattr__(self, "blocks", (self.size + 511) // 512)
         if self.atime_ns < 0:
             object.__setattr__(self, "atime_ns", self.mtime_ns)
         if self.ctime_ns < 0:
             object.__setattr__(self, "ctime_ns", self.mtime_ns)
-
-    @property
-    def blocks(self) -> int:
-        return (self.size + 511) // 512
 
 
 def attr_of(
@@ -79,8 +91,10 @@ def attr_of(
     atime_ns: int | None = None,
     ctime_ns: int | None = None,
     rdev: int = 0,
+    blocks: int | None = None,
 ) -> Attr:
-    """Build an :class:`Attr` from origin-style fields (``mode`` = permission bits)."""
+    """Build an :class:`Attr` from origin-style fields (``mode`` = permission bits;
+    ``blocks``: allocated 512-byte blocks, None where unknown)."""
     return Attr(
         ino=ino,
         mode=_TYPE_BITS[kind] | (mode & MODE_BITS),
@@ -92,6 +106,7 @@ def attr_of(
         atime_ns=atime_ns if atime_ns is not None else -1,
         ctime_ns=ctime_ns if ctime_ns is not None else -1,
         rdev=rdev,
+        blocks=-1 if blocks is None else blocks,
     )
 
 
@@ -114,4 +129,5 @@ def attr_of_entry(ino: int, entry: Entry, owner: Owner) -> Attr:
         atime_ns=entry.atime_ns,
         ctime_ns=entry.ctime_ns,
         rdev=entry.rdev,
+        blocks=entry.blocks,
     )
