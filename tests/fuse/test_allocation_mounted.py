@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,40 @@ def test_s3_blocks_follow_the_size(volume: Volume) -> None:
     p.write_bytes(b"y" * 1000)
     volume.remount()
     assert os.stat(volume.root / "f.bin").st_blocks == 2
+
+
+def _dir_times(root: Path) -> dict[str, int]:
+    return {
+        str(d.relative_to(root)): d.stat().st_mtime_ns
+        for d in [root, *sorted(p for p in root.rglob("*") if p.is_dir())]
+    }
+
+
+def test_s3_directory_times_survive_a_remount(volume: Volume, tmp_path: Path) -> None:
+    """A directory's time on S3 is its marker's, or (a directory only implied by keys) the
+    first object's under it: the same after a remount, so ``rsync -a`` from the mount a
+    second time changes nothing (it re-set every directory's time when the time was the
+    mount's start)."""
+    if volume.spec.kind != "s3":
+        pytest.skip("S3 only (a POSIX origin has real directory times)")
+    (volume.root / "made" / "sub").mkdir(parents=True)
+    (volume.root / "made" / "sub" / "f").write_bytes(b"1")
+    src = tmp_path / "data"
+    src.write_bytes(b"data")
+    for key in ("implied/a/x.bin", "implied/b.bin"):  # no markers: other tools' uploads
+        volume.spec.view.put(key, str(src))
+    volume.remount()
+    first = _dir_times(volume.root)
+    assert set(first) >= {".", "made", "made/sub", "implied", "implied/a"}
+    dst = tmp_path / "copy"
+    subprocess.run(["rsync", "-a", f"{volume.root}/", f"{dst}/"], check=True)
+    time.sleep(1.1)  # a time taken from the clock at mount would differ by a second or more
+    volume.remount()
+    assert _dir_times(volume.root) == first
+    out = subprocess.run(
+        ["rsync", "-a", "--itemize-changes", f"{volume.root}/", f"{dst}/"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout == "", out.stdout
