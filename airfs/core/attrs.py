@@ -19,8 +19,14 @@ _TYPE_BITS = {
 }
 _KIND_OF_TYPE = {bits: kind for kind, bits in _TYPE_BITS.items()}
 
-#: Preferred I/O size reported to tools (``cp`` and friends size their buffers from it).
+#: Preferred I/O size (``st_blksize``) of staged files and directories: tools size their
+#: buffers from it (``cp``, Python's ``open``), and writes arrive in requests this large.
 BLKSIZE = 1 << 20
+#: ``st_blksize`` of a file whose bytes come from the origin: Python's ``open`` reads a whole
+#: buffer of this size after every ``seek``, so a random 4 KiB read costs at most this plus a
+#: page, which touches one or two cache blocks (with 1 MiB, each such read pulled 1-2 MiB
+#: from the origin). Sequential readers are served by the kernel's readahead either way.
+ORIGIN_BLKSIZE = 64 << 10
 
 #: permission bits with setuid, setgid and sticky (what ``chmod`` sets)
 MODE_BITS = 0o7777
@@ -53,10 +59,11 @@ class Attr:
     """``stat`` of one inode. ``mode`` includes the file-type bits. ``atime_ns`` and
     ``ctime_ns`` default to ``mtime_ns`` where nothing else is known. ``ino`` is both the
     node id the kernel knows the inode by and its ``st_ino`` (the names of a hard-linked file
-    share one node: :class:`~airfs.core.inodes.InodeTable`). ``blocks`` is the 512-byte
-    blocks the file takes (``st_blocks``): what the staging file or the origin has allocated
-    where that is known, so a sparse file's holes cost nothing; where nothing is known (-1,
-    e.g. an S3 object) it is the size rounded up to 512 bytes."""
+    share one node: :class:`~airfs.core.inodes.InodeTable`). ``blksize`` is ``st_blksize``
+    (:data:`BLKSIZE`, or :data:`ORIGIN_BLKSIZE` for a file read from the origin). ``blocks``
+    is the 512-byte blocks the file takes (``st_blocks``): what the staging file or the
+    origin has allocated where that is known, so a sparse file's holes cost nothing; where
+    nothing is known (-1, e.g. an S3 object) it is the size rounded up to 512 bytes."""
 
     ino: int
     mode: int
@@ -69,6 +76,7 @@ class Attr:
     ctime_ns: int = -1
     rdev: int = 0
     blocks: int = -1
+    blksize: int = BLKSIZE
 
     def __post_init__(self) -> None:
         if self.blocks < 0:
@@ -92,6 +100,7 @@ def attr_of(
     ctime_ns: int | None = None,
     rdev: int = 0,
     blocks: int | None = None,
+    blksize: int = BLKSIZE,
 ) -> Attr:
     """Build an :class:`Attr` from origin-style fields (``mode`` = permission bits;
     ``blocks``: allocated 512-byte blocks, None where unknown)."""
@@ -107,6 +116,7 @@ def attr_of(
         ctime_ns=ctime_ns if ctime_ns is not None else -1,
         rdev=rdev,
         blocks=-1 if blocks is None else blocks,
+        blksize=blksize,
     )
 
 
@@ -130,4 +140,5 @@ def attr_of_entry(ino: int, entry: Entry, owner: Owner) -> Attr:
         ctime_ns=entry.ctime_ns,
         rdev=entry.rdev,
         blocks=entry.blocks,
+        blksize=ORIGIN_BLKSIZE if entry.kind is Kind.FILE else BLKSIZE,
     )
