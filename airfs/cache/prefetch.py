@@ -8,10 +8,14 @@ fetches and owns the data.
 How the window behaves
 ----------------------
 
-* **Detection.** A stream starts out *random*. It turns *sequential* when a read starts exactly
-  where the previous one ended, or when the first read of the handle is at offset 0 (the common
-  "read the file from the start" case). Random reads never prefetch: they fetch only the blocks
-  they touch.
+* **Detection.** A stream starts out *random*. It turns *sequential* when the first read of the
+  handle is at offset 0 (the common "read the file from the start" case), or when contiguous
+  reads (each starting exactly where the previous one ended) have covered ``min_run`` bytes.
+  One read of a program arrives as several contiguous requests (the kernel cuts a 1 MiB
+  ``read`` at a random offset into 128 KiB READs, or adds its own readahead window of
+  ``read_ahead_kb`` to it: up to 3 MiB in a row), so two contiguous requests prove nothing; a
+  run longer than the kernel makes of one read does (4 MiB by default). Random reads never
+  prefetch: they fetch only the blocks they touch.
 * **Growth.** A sequential stream keeps ``window`` bytes requested ahead of its read position
   (``ahead`` is the end of what it has requested). When less than half a window is left ahead
   of the reader, it requests more up to ``position + window``; every request after the first
@@ -51,9 +55,11 @@ class Stream:
         "last_offset",
         "max_window",
         "max_window_seen",
+        "min_run",
         "next_offset",
         "requests",
         "resets",
+        "run_start",
         "seek_tolerance",
         "sequential",
         "window",
@@ -65,10 +71,14 @@ class Stream:
         initial_window: int = 1 << 20,
         max_window: int = 128 << 20,
         seek_tolerance: int = 4 << 20,
+        min_run: int = 4 << 20,
     ) -> None:
         if initial_window <= 0 or max_window < initial_window:
             raise ValueError("need 0 < initial_window <= max_window")
+        if min_run < 0:
+            raise ValueError("need min_run >= 0")
         self.initial_window = initial_window
+        self.min_run = min_run
         self.max_window = max_window
         self.seek_tolerance = seek_tolerance
         #: Size of the next prefetch request (doubles per request while sequential).
@@ -85,6 +95,8 @@ class Stream:
         self.max_window_seen = 0
         self.last_offset = 0
         self.last_end = 0
+        #: Where the current run of contiguous reads started (while random).
+        self.run_start = 0
 
     def on_read(self, offset: int, size: int, limit: int) -> tuple[int, int] | None:
         """Account for a read of ``size`` bytes at ``offset`` of an object of ``limit`` bytes.
@@ -108,6 +120,11 @@ class Stream:
             self.next_offset = end
             self.ahead = end
             self.requests = 0
+            self.run_start = offset
+            return None
+        if not self.sequential and nxt is not None and end - self.run_start < self.min_run:
+            self.next_offset = end  # contiguous, but not longer than one read could be
+            self.ahead = max(self.ahead, end)
             return None
         if not self.sequential:
             self.sequential = True

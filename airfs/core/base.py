@@ -38,7 +38,7 @@ from airfs.origin.base import (
 )
 from airfs.writeback.staging import Staged, StagingArea
 
-from .attrs import Attr, Owner, attr_of, attr_of_entry
+from .attrs import Attr, Owner, allocated_blocks, attr_of, attr_of_entry
 from .context import Guard, current_caller
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
@@ -217,6 +217,7 @@ class CoreBase:
             owner,
             atime_ns=st.atime_ns,
             ctime_ns=max(st.ctime_ns, st.mtime_ns),
+            blocks=allocated_blocks(st.fd),
         )
 
     def _entry_attr(self, node: Node, entry: Entry) -> Attr:

@@ -16,7 +16,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import pyfuse3
 
-from airfs.core.attrs import BLKSIZE, Attr
+from airfs.core.attrs import Attr
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
 from airfs.fuse.policy import NAME_MAX, attr_timeout, entry_timeout, error_level
@@ -83,7 +83,7 @@ class FuseOps(pyfuse3.Operations):
         e.st_gid = a.gid
         e.st_rdev = a.rdev
         e.st_size = a.size
-        e.st_blksize = BLKSIZE
+        e.st_blksize = a.blksize
         e.st_blocks = a.blocks
         e.st_atime_ns = a.atime_ns
         e.st_mtime_ns = a.mtime_ns

@@ -60,6 +60,9 @@ class Entry:
     where the origin keeps none (the mount reports ``mtime_ns``). ``rdev`` is the device
     number of a device node. ``ino`` identifies the file at the origin where it has such
     numbers (0 elsewhere): names with the same ``ino`` are hard links of one file.
+    ``blocks`` is the 512-byte blocks the origin has allocated for it (POSIX ``st_blocks``:
+    a sparse file's holes take none); None where the origin does not say (object stores: the
+    mount reports the size rounded up).
     """
 
     name: str
@@ -75,6 +78,7 @@ class Entry:
     ctime_ns: int | None = None
     rdev: int = 0
     ino: int = 0
+    blocks: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

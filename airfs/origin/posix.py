@@ -96,6 +96,7 @@ def _entry(name: str, st: os.stat_result) -> Entry:
         ctime_ns=st.st_ctime_ns,
         rdev=st.st_rdev if kind in (Kind.CHAR, Kind.BLOCK) else 0,
         ino=st.st_ino,
+        blocks=st.st_blocks,
     )
 
 

@@ -64,7 +64,7 @@ def raw_keys(srv: SeaweedServer, prefix: str) -> list[str]:
     """Every key under ``prefix`` exactly as stored (markers keep their trailing slash)."""
     origin = S3Origin.from_url(srv.url(), env=srv.env)
     assert origin._raw is not None
-    return sorted(k for k, _ in origin._raw.list_keys(prefix, "test"))
+    return sorted(k for k, *_ in origin._raw.list_keys(prefix, "test"))
 
 
 # -- from_url and its check --------------------------------------------------------------------

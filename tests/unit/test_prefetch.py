@@ -48,14 +48,34 @@ def test_prefetch_stops_at_end_of_object() -> None:
     assert spans and max(e for _, e in spans) == 10 * MiB
 
 
-def test_first_read_not_at_zero_is_random_until_contiguous() -> None:
+def test_first_read_not_at_zero_is_random_until_a_long_contiguous_run() -> None:
     s = Stream()
+    assert s.min_run == 4 * MiB
     assert s.on_read(5 * MiB, 4096, 1 << 30) is None
     assert not s.sequential
     assert s.on_read(9 * MiB, 4096, 1 << 30) is None  # a jump: still random
-    span = s.on_read(9 * MiB + 4096, 4096, 1 << 30)  # contiguous: a stream starts
+    off = 9 * MiB + 4096
+    while off + (128 << 10) - 9 * MiB < s.min_run:  # contiguous, shorter than min_run
+        assert s.on_read(off, 128 << 10, 1 << 30) is None
+        assert not s.sequential
+        off += 128 << 10
+    span = s.on_read(off, 128 << 10, 1 << 30)  # the run reaches min_run: a stream starts
     assert s.sequential and span is not None
-    assert span[1] - span[0] <= s.initial_window
+    assert span[0] == off + (128 << 10) and span[1] - span[0] <= s.initial_window
+
+
+def test_one_large_random_read_cut_into_requests_does_not_prefetch() -> None:
+    """The kernel cuts a 1 MiB read at a random offset into contiguous 128 KiB READs (and
+    a page more): contiguous, yet random; 64 such reads prefetched about 95 MiB on a mount
+    (tests/fuse/test_random_reads_mounted.py)."""
+    s = Stream()
+    for start in (77 * MiB + 4096, 3 * MiB + 8192, 150 * MiB + 12288, 40 * MiB):
+        for off in range(start, start + MiB + 4096, 128 << 10):
+            assert s.on_read(off, 128 << 10, 1 << 30) is None
+    assert not s.sequential and s.requests == 0
+    r = Stream(min_run=0)  # the old rule: two contiguous requests made a stream
+    r.on_read(77 * MiB, 128 << 10, 1 << 30)
+    assert r.on_read(77 * MiB + (128 << 10), 128 << 10, 1 << 30) is not None
 
 
 def test_random_reads_never_prefetch() -> None:
@@ -143,3 +163,5 @@ def test_bad_stream_arguments() -> None:
         Stream(initial_window=0)
     with pytest.raises(ValueError):
         Stream(initial_window=8, max_window=4)
+    with pytest.raises(ValueError, match="min_run"):
+        Stream(min_run=-1)

@@ -14,7 +14,7 @@ import os
 import struct
 from dataclasses import dataclass, field
 
-from airfs.core.attrs import BLKSIZE, Attr
+from airfs.core.attrs import Attr
 
 #: The newest protocol minor this transport speaks (kernel 6.18 offers 7.45).
 KERNEL_VERSION = 7
@@ -320,7 +320,7 @@ def _attr_fields(a: Attr) -> tuple[int, ...]:
     msec, mnsec = divmod(a.mtime_ns, 1_000_000_000)
     csec, cnsec = divmod(a.ctime_ns, 1_000_000_000)
     return (a.ino, a.size, a.blocks, asec, msec, csec, ansec, mnsec, cnsec, a.mode, a.nlink,
-            a.uid, a.gid, a.rdev & 0xFFFFFFFF, BLKSIZE, 0)  # fmt: skip
+            a.uid, a.gid, a.rdev & 0xFFFFFFFF, a.blksize, 0)  # fmt: skip
 
 
 def entry_out(a: Attr, entry_ttl: float, attr_ttl: float) -> bytes:

@@ -139,7 +139,9 @@ class S3Base:
 
     def _dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
         """A directory: its marker's attributes where the server keeps them, else 0o755, no
-        owner, and the time the origin was opened."""
+        owner; its time the one kept in the marker's metadata, else ``mtime_ns`` (the stable
+        time of :meth:`_probe_time` or the marker's Last-Modified), else (nothing under it,
+        or a listing made without HEADs) the time the origin was opened."""
         a = attrs or Meta()
         return Entry(
             name,
@@ -181,19 +183,35 @@ class S3Base:
 
     def _probe(self, path: str) -> tuple[bool, bool]:
         """(marker exists, something else is under ``path/``) with one small listing."""
+        marker, children, _ = self._probe_time(path)
+        return marker, children
+
+    def _probe_time(self, path: str) -> tuple[bool, bool, int]:
+        """:meth:`_probe` with the directory's stable time: the Last-Modified of the first
+        key under ``path/`` (its marker where it has one: ``path/`` sorts first), 0 if none.
+        The root's skips the hidden probe markers."""
+        where = self._where(path)
+        key = self._key(path)
         if self._raw is not None:
-            marker = self._key(path) + "/"
-            keys = [k for k, _ in self._raw.list_keys(marker, self._where(path), max_keys=2)]
-            return marker in keys, any(k != marker for k in keys)
+            marker = key + "/" if key else ""
+            hidden = marker + PROBE_PREFIX
+            keys = [
+                (k, t)
+                for k, _, t in self._raw.list_keys(marker, where, max_keys=2)
+                if path or not k.startswith(hidden)
+            ]
+            first_t = keys[0][1] if keys else 0
+            return any(k == marker for k, _ in keys), any(k != marker for k, _ in keys), first_t
         try:
             first: list[Mapping[str, Any]] = []
-            for chunk in obstore.list(self._store, path, chunk_size=2):
-                first = list(chunk)
+            for chunk in obstore.list(self._store, path or None, chunk_size=2):
+                first = [m for m in chunk if path or not m["path"].startswith(PROBE_PREFIX)]
                 break
         except Exception as exc:
-            raise translate(exc, self._where(path)) from None
+            raise translate(exc, where) from None
         paths = [m["path"] for m in first]
-        return path in paths, any(p != path for p in paths)
+        first_t = ns_of(first[0].get("last_modified")) if first else 0
+        return path in paths, any(p != path for p in paths), first_t
 
     def _is_dir(self, path: str) -> bool:
         if not path:

@@ -107,6 +107,17 @@ def ns_of(when: dt.datetime | None) -> int:
     return (when - _EPOCH) // dt.timedelta(microseconds=1) * 1000
 
 
+def iso_ns(value: str | None) -> int:
+    """Nanoseconds since the epoch of an ISO 8601 time (a listing's ``LastModified``); 0 if
+    unreadable."""
+    if not value:
+        return 0
+    try:
+        return ns_of(dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00")))
+    except ValueError:
+        return 0
+
+
 def http_date_ns(value: str | None) -> int:
     """Nanoseconds since the epoch of an HTTP date (``Last-Modified``); 0 if unreadable."""
     if not value:

@@ -19,6 +19,7 @@ from collections.abc import Iterator, Mapping
 from ..base import NotFound
 from ._credentials import Credentials
 from ._errors import CODE_RE, classify, first_line
+from ._meta import iso_ns
 
 
 def quote(s: str, safe: str = "-_.~") -> str:
@@ -195,9 +196,9 @@ class RawS3:
 
     def list_keys(
         self, prefix: str, where: str, max_keys: int | None = None
-    ) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object whose key starts with ``prefix`` (all pages, or only
-        the first ``max_keys``)."""
+    ) -> Iterator[tuple[str, int, int]]:
+        """(key, size, Last-Modified ns) of every object whose key starts with ``prefix``
+        (all pages, or only the first ``max_keys``; the time is 0 where unreadable)."""
         token: str | None = None
         while True:
             query = {"list-type": "2", "prefix": prefix}
@@ -211,14 +212,17 @@ class RawS3:
                 tag = el.tag.rpartition("}")[2]
                 if tag == "Contents":
                     k = s = None
+                    t = 0
                     for f in el:
                         ftag = f.tag.rpartition("}")[2]
                         if ftag == "Key":
                             k = f.text or ""
                         elif ftag == "Size":
                             s = int(f.text or 0)
+                        elif ftag == "LastModified":
+                            t = iso_ns(f.text)
                     if k is not None:
-                        yield k, s or 0
+                        yield k, s or 0, t
                 elif tag == "IsTruncated":
                     truncated = (el.text or "").strip() == "true"
                 elif tag == "NextContinuationToken":

@@ -25,23 +25,30 @@ class Reads(S3Base):
 
     def stat(self, path: str) -> Entry:
         if not path:
-            return self._dir_entry("")
+            return self._dir_entry("", mtime_ns=self._probe_time("")[2])
         meta = self._head(path)
         if meta is not None:
             return self._file_entry(split(path)[1], meta, meta["attrs"])
-        if self._is_dir(path):
-            return self._dir_stat(path, split(path)[1])
+        marker, children, t = self._probe_time(path)
+        if marker or children:
+            return self._dir_stat(path, split(path)[1], t)
         raise NotFound(f"{self._where(path)}: not found")
 
-    def _dir_stat(self, path: str, name: str) -> Entry:
+    def _dir_stat(self, path: str, name: str, first_t: int | None = None) -> Entry:
+        """A directory's entry: its marker's attributes where they are kept, else its stable
+        time (``first_t`` where the caller probed already)."""
         got = self._dir_meta(path)
-        return self._dir_entry(name, *got) if got is not None else self._dir_entry(name)
+        if got is not None:
+            return self._dir_entry(name, *got)
+        t = self._probe_time(path)[2] if first_t is None else first_t
+        return self._dir_entry(name, mtime_ns=t)
 
     def list(self, path: str) -> builtins.list[Entry]:
         """One level. Listings carry no user metadata: the attributes of an object come from
         what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
         each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
-        their marker's attributes the same way where the server keeps them."""
+        their marker's attributes the same way where the server keeps them, else their
+        stable time (:meth:`_probe_time`, one small listing each, with ``list_heads``)."""
         try:
             res = obstore.list_with_delimiter(self._store, path or None)
         except Exception as exc:
@@ -71,8 +78,7 @@ class Reads(S3Base):
                 unknown.append((name, meta))
             else:
                 out[name] = self._file_entry(name, meta, attrs)
-        heads = self.list_heads and dirs and self._marker_meta_kept()
-        for name, entry in self._heads(unknown, dirs if heads else []):
+        for name, entry in self._heads(unknown, dirs if self.list_heads else []):
             out[name] = entry
         if not out and not has_marker and path:
             if self._head(path) is not None:
@@ -99,8 +105,7 @@ class Reads(S3Base):
 
         def directory(item: tuple[str, str]) -> tuple[str, Entry] | None:
             name, p = item
-            got = self._dir_meta(p)
-            return (name, self._dir_entry(name, *got)) if got is not None else None
+            return name, self._dir_stat(p.rstrip("/"), name)
 
         jobs: builtins.list[Callable[[], tuple[str, Entry] | None]] = [
             *(functools.partial(file, f) for f in files),

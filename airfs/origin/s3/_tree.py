@@ -51,7 +51,7 @@ class Tree(Reads):
         attrs = Meta(mode & 0o7777, uid, gid, time.time_ns())
         self._put_marker(path, attrs)
         kept = self._marker_meta_kept()
-        return self._dir_entry(split(path)[1], attrs if kept else None)
+        return self._dir_entry(split(path)[1], attrs if kept else None, attrs.mtime_ns or 0)
 
     def rmdir(self, path: str) -> None:
         where = self._where(path)
@@ -106,7 +106,7 @@ class Tree(Reads):
         lost: sources are deleted only after every copy succeeded)."""
         raw = self._need_raw("renaming a directory", src)
         full_src = self._key(src) + "/"
-        keys = [k for k, _ in raw.list_keys(full_src, self._where(src))]
+        keys = [k for k, *_ in raw.list_keys(full_src, self._where(src))]
         strip = len(self.prefix) + 1 if self.prefix else 0
         moved: list[str] = []
         markers: list[str] = []
