@@ -327,6 +327,7 @@ class WriteBackModel(RuleBasedStateMachine):
         self.live[path] = self.closed[path] = data
         if not cut.reached.wait(CUT_WAIT_S):
             self.faulty.disarm()
+            cut.release.set()  # a put that took the cut just now fails at once (transient)
             return
         if rewrite is not None:
             self.host.call(lambda b: ch.write_file(b, path, rewrite, os.O_TRUNC))
@@ -346,6 +347,7 @@ class WriteBackModel(RuleBasedStateMachine):
                 self.host.crash(then=nxt[0].release.set)
             else:
                 self.faulty.disarm()
+                nxt[0].release.set()
 
     # -- what must hold at every step ------------------------------------------------------
 
