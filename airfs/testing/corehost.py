@@ -31,6 +31,7 @@ _STOP = object()
 @dataclass(frozen=True)
 class _Crash:
     then: Callable[[], None] | None
+    before_restart: Callable[[], None] | None = None
 
 
 class CoreHost:
@@ -81,6 +82,8 @@ class CoreHost:
                 cmd = await trio.to_thread.run_sync(self._cmds.get)
             if cmd is _STOP:
                 return
+            if isinstance(cmd, _Crash) and cmd.before_restart is not None:
+                cmd.before_restart()  # the old core is gone, the new one not built yet
 
     def call(self, fn: Callable[[Built], Awaitable[T]], timeout: float = 30.0) -> T:
         """Run ``fn(built)`` on the host's trio loop; re-raise what it raised."""
@@ -94,13 +97,19 @@ class CoreHost:
             raise value
         return value  # type: ignore[no-any-return]
 
-    def crash(self, then: Callable[[], None] | None = None) -> None:
+    def crash(
+        self,
+        then: Callable[[], None] | None = None,
+        before_restart: Callable[[], None] | None = None,
+    ) -> None:
         """Drop all in-memory state and build again from the journal and staging files: the
         disk changes still queued (a commit's journal update not yet settled) are lost, as
         in a crash. ``then`` runs once the crash is decided, before the old core is torn
-        down (e.g. to release an origin call held at a crash point)."""
+        down (e.g. to release an origin call held at a crash point); ``before_restart`` once
+        it is torn down, before the new one is built (e.g. to arm a fault for the new core
+        only: armed earlier, the old core's last retries could take it)."""
         self._ready = threading.Event()
-        self._cmds.put(_Crash(then))
+        self._cmds.put(_Crash(then, before_restart))
         self._wait_ready(self._ready)
 
     def close(self) -> None:

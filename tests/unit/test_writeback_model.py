@@ -334,12 +334,11 @@ class WriteBackModel(RuleBasedStateMachine):
             self.live[path] = self.closed[path] = rewrite
         nxt: list[Cut] = []
 
-        def crash_then() -> None:
+        def arm_again() -> None:
             if again is not None:
-                nxt.append(self.faulty.arm(again))  # armed before the restarted core starts
-            cut.release.set()
+                nxt.append(self.faulty.arm(again))  # for the restarted core's first commit
 
-        self.host.crash(then=crash_then)
+        self.host.crash(then=cut.release.set, before_restart=arm_again)
         self.writer = None
         self.live = dict(self.closed)
         if nxt:
