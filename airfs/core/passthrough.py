@@ -49,16 +49,14 @@ import errno
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airfs.origin.base import OriginError
 from airfs.writeback.staging import Staged, StagingArea
 
+from .handles import Handle
 from .inodes import InodeTable
 from .readpath import LocalFile, ReadPath
-
-if TYPE_CHECKING:
-    from .fs import Handle
 
 log = logging.getLogger(__name__)
 
