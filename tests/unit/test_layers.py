@@ -54,9 +54,13 @@ def test_no_import_circle_inside_a_package() -> None:
         pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps = set()
         for target, _ in _imports(name, path, modules):
-            if target in modules and target != name and target.rpartition(".")[0] == pkg:
-                if modules[target].name != "__init__.py":
-                    deps.add(target)
+            if (
+                target in modules
+                and target != name
+                and target.rpartition(".")[0] == pkg
+                and modules[target].name != "__init__.py"
+            ):
+                deps.add(target)
         graph[name] = deps
     circles = []
     state: dict[str, int] = {}
