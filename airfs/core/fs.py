@@ -250,10 +250,10 @@ class Filesystem(NameOps):
         return CoreStats(
             inodes=len(self.inodes),
             open_files=len(self.handles),
-            listings=ls["listings"],
-            listing_hits=ls["listing_hits"],
-            listing_negative_hits=ls["listing_negative_hits"],
-            relists=ls["relists"],
+            listings=ls.listings,
+            listing_hits=ls.listing_hits,
+            listing_negative_hits=ls.listing_negative_hits,
+            relists=ls.relists,
             ops=dict(self.ops),
             latency=self.latency.snapshot(),
         )

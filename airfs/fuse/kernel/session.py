@@ -120,7 +120,7 @@ class Session(Handlers):
 
     def statistics(self) -> dict[str, Any]:
         neg = self.negotiated.to_dict() if self.negotiated is not None else {"transport": "kernel"}
-        extra = self.fs.passthrough.statistics()
+        extra = self.fs.passthrough.statistics().to_dict()
         return {**neg, **self.counts, **extra, "backing_files": len(self._inode_backing)}
 
     async def run(self) -> None:
