@@ -52,48 +52,11 @@ from .hits import HitReader
 from .objects import ObjectTable
 from .persist import IndexKeeper
 from .prefetch import Stream
+from .reader import CachedReader
 from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
-from .store import CachedObject
 
 __all__ = ["CachedReadPath", "CachedReader"]
-
-
-class CachedReader:
-    """One open file handle's read stream (implements :class:`airfs.core.readpath.Reader`)."""
-
-    __slots__ = ("_rp", "closed", "obj", "ref", "stream")
-
-    def __init__(
-        self, rp: CachedReadPath, obj: CachedObject, ref: ObjectRef, stream: Stream
-    ) -> None:
-        self._rp = rp
-        self.obj = obj
-        self.ref = ref
-        self.stream = stream
-        self.closed = False
-
-    async def read(self, offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes at ``offset`` of the reader's object version; short only at the
-        end. Raises :class:`~airfs.origin.base.Conflict` when bytes not cached are no longer
-        at the origin in this version, other :class:`~airfs.origin.base.OriginError` s when the
-        origin fails."""
-        if self.closed:
-            raise ValueError("read from a closed reader")
-        if offset < 0 or size < 0:
-            raise ValueError("negative offset or size")
-        return await self._rp.read_for(self, offset, size)
-
-    def active_range(self) -> tuple[int, int]:
-        """Bytes the reader is using now; never evicted (see :mod:`airfs.cache.evict`)."""
-        return self.stream.active_range()
-
-    def close(self) -> None:
-        """Drop the stream. Prefetched data stays cached; parts not started are abandoned."""
-        if self.closed:
-            return
-        self.closed = True
-        self._rp.reader_closed(self)
 
 
 class CachedReadPath:

@@ -31,7 +31,6 @@ import errno
 import logging
 import os
 from array import array
-from typing import TYPE_CHECKING
 
 import trio
 
@@ -40,6 +39,7 @@ from ..origin.base import Conflict, OriginError
 from .files import punches_done
 from .objects import ObjectTable
 from .prefetch import ByteBudget, split_runs
+from .reader import CachedReader
 from .stats import Counters
 from .store import (
     PREFETCHED,
@@ -51,9 +51,6 @@ from .store import (
     create_file,
     write_all,
 )
-
-if TYPE_CHECKING:
-    from .blockcache import CachedReader
 
 __all__ = ["Fetcher", "Kind", "Part"]
 

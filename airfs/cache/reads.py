@@ -15,7 +15,7 @@ that part and is served from its memory. The per-reader :class:`~airfs.cache.pre
 decides what to fetch ahead; see :mod:`airfs.cache.prefetch` for how the window grows, resets and
 applies backpressure.
 
-:class:`ReadPlanner` does this for :class:`~airfs.cache.blockcache.CachedReader`: it cuts the
+:class:`ReadPlanner` does this for :class:`~airfs.cache.reader.CachedReader`: it cuts the
 read into runs present on disk and runs that parts bring (:meth:`ReadPlanner.plan`, starting
 demand parts for blocks nobody fetches yet), asks the reader's stream for its prefetch, and
 joins the pieces; when blocks turn out missing or corrupt on the way it plans again, at most
@@ -25,17 +25,14 @@ joins the pieces; when blocks turn out missing or corrupt on the way it plans ag
 from __future__ import annotations
 
 import errno
-from typing import TYPE_CHECKING
 
 from ..origin.base import OriginError
 from .fetch import Fetcher, Kind, Part
 from .hits import HitReader
 from .objects import ObjectTable
+from .reader import CachedReader
 from .stats import Counters
 from .store import CachedObject
-
-if TYPE_CHECKING:
-    from .blockcache import CachedReader
 
 __all__ = ["MAX_ATTEMPTS", "ReadPlanner"]
 

@@ -6,7 +6,8 @@ live beside it: :mod:`airfs.cli.mount` (``mount``), :mod:`airfs.cli.control` (``
 :mod:`airfs.cli.options` (value types and one-line usage errors).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
-writes still pending (they stay in the journal and commit at the next mount).
+writes still pending (they stay in the journal and commit at the next mount); 4 unmounted after
+writes were lost to a conflict (named, with where their bytes are kept).
 """
 
 from __future__ import annotations
@@ -217,7 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="drain pending writes, then unmount",
         description="Commit every pending write to the origin (with progress), then unmount "
         "and stop the daemon. Exit 3 if writes could not be committed (they stay in the "
-        "journal for the next mount).",
+        "journal for the next mount); exit 4 if writes were lost to a conflict with another "
+        "version at the origin (each named, with where its bytes are kept).",
     )
     u.add_argument("mountpoint", metavar="MOUNTPOINT")
     u.add_argument(

@@ -19,7 +19,6 @@ import os
 import stat
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from time import perf_counter
 from typing import ParamSpec, TypeVar
 
@@ -40,10 +39,11 @@ from airfs.writeback.staging import Staged, StagingArea
 
 from .attrs import Attr, Owner, allocated_blocks, attr_of, attr_of_entry
 from .context import Guard, current_caller
+from .handles import DirHandle, Handle, err
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
 from .passthrough import Passthrough
-from .readpath import ObjectRef, Reader, ReadPath
+from .readpath import ObjectRef, ReadPath
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,6 @@ ADOPT_MAX = 128 << 20
 #: directories whose "changed here" time is remembered (the least recently changed are
 #: forgotten first, and then report the origin's mtime)
 DIR_TIMES_MAX = 100_000
-_COPY_CHUNK = 8 << 20
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -94,38 +93,6 @@ def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     return wrapper
 
 
-def _err(code: int, msg: str) -> OSError:
-    return OSError(code, msg)
-
-
-@dataclass(eq=False)
-class Handle:
-    """An open file. Writers always have ``staged``; readers have it when the file was staged
-    at open, else an origin ``reader``."""
-
-    fh: int
-    node: Node
-    writable: bool
-    staged: Staged | None
-    reader: Reader | None = None
-    #: origin version served by ``reader``
-    version: str | None = None
-    #: origin path pinned at open (the origin keeps that version readable until release)
-    pinned: str | None = None
-
-
-@dataclass(eq=False)
-class DirHandle:
-    fh: int
-    node: Node
-    entries: list[tuple[str, Kind, Entry | None, Staged | None]]
-    listed_at: float
-    #: the listing was filtered for its caller (governed volumes): the kernel must not keep
-    #: it for other callers
-    per_caller: bool = False
-
-
-Emit = Callable[[str, Attr, int], bool]
 
 
 class CoreBase:
@@ -182,17 +149,17 @@ class CoreBase:
         if node.path is None:
             # ESTALE, not ENOENT: a path-based call (open, stat) that raced a rename-over
             # or an unlink is retried by the kernel with a fresh lookup
-            raise _err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
+            raise err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
         return node.path
 
     def _child(self, parent_ino: int, name: str) -> str:
         parent = self.inodes.get(parent_ino)
         if parent.kind is not Kind.DIR:
-            raise _err(errno.ENOTDIR, "not a directory")
+            raise err(errno.ENOTDIR, "not a directory")
         if len(os.fsencode(name)) > NAME_MAX:
-            raise _err(errno.ENAMETOOLONG, "name too long")
+            raise err(errno.ENAMETOOLONG, "name too long")
         if name in ("", ".", "..") or "/" in name:
-            raise _err(errno.EINVAL, f"invalid name {name!r}")
+            raise err(errno.EINVAL, f"invalid name {name!r}")
         return join(self._path(parent), name)
 
     def _new_child(self, parent_ino: int, name: str) -> str:
@@ -259,7 +226,7 @@ class CoreBase:
         if st is not None:
             return self._staged_attr(node, st)
         if node.entry is None:
-            raise _err(errno.ENOENT, "no such file")
+            raise err(errno.ENOENT, "no such file")
         return self._entry_attr(node, node.entry)
 
     def _fresh(self, node: Node) -> bool:
@@ -298,7 +265,7 @@ class CoreBase:
             return
         a, b = self.guard.storage(src), self.guard.storage(dst)
         if a != b:
-            raise _err(errno.EXDEV, f"{op} /{src} -> /{dst}: volumes {a} and {b} are two storages")
+            raise err(errno.EXDEV, f"{op} /{src} -> /{dst}: volumes {a} and {b} are two storages")
 
     async def _check(self, op: str, path: str) -> None:
         """Ask the guard (governed volumes) whether the caller may do ``op`` on ``path``."""

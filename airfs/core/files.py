@@ -17,12 +17,16 @@ from airfs.origin.base import (
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr
-from .base import _COPY_CHUNK, CoreBase, Handle, _err, counted
+from .base import CoreBase, counted
 from .context import current_caller
+from .handles import Handle, err
 from .inodes import Node
 from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
+
+#: bytes copied at a time when a committed file is staged for writing (copy-up)
+COPY_CHUNK = 8 << 20
 
 
 class FileOps(CoreBase):
@@ -38,7 +42,7 @@ class FileOps(CoreBase):
             return st
         entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
         if entry is not None and entry.kind is not Kind.FILE:
-            raise _err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
+            raise err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
         st = await self.area.create(
             path,
             base_version=entry.version if entry is not None else None,
@@ -91,9 +95,9 @@ class FileOps(CoreBase):
         try:
             off = 0
             while off < obj.size:
-                data = await reader.read(off, min(_COPY_CHUNK, obj.size - off))
+                data = await reader.read(off, min(COPY_CHUNK, obj.size - off))
                 if not data:
-                    raise _err(errno.EIO, f"{obj.path}: origin returned less than its size")
+                    raise err(errno.EIO, f"{obj.path}: origin returned less than its size")
                 await self.area.write(st, off, data)
                 off += len(data)
         finally:
@@ -104,18 +108,18 @@ class FileOps(CoreBase):
         """Open a file; returns (fh, keep_cache)."""
         node = self.inodes.get(ino)
         if node.kind is Kind.DIR:
-            raise _err(errno.EISDIR, "is a directory")
+            raise err(errno.EISDIR, "is a directory")
         if node.path is None:
             # replaced or removed after the kernel resolved the name: ESTALE makes the
             # kernel look the name up again (an open racing a rename-over finds the new file)
-            raise _err(errno.ESTALE, f"inode {ino} was replaced")
+            raise err(errno.ESTALE, f"inode {ino} was replaced")
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         trunc = bool(flags & os.O_TRUNC) and writable
         await self._check("open_write" if writable else "open_read", node.path)
         async with node.lock:
             if node.path is None:  # renamed over while we waited for the lock (see rename)
-                raise _err(errno.ESTALE, f"inode {ino} was replaced")
+                raise err(errno.ESTALE, f"inode {ino} was replaced")
             if writable:
                 live = await self._stage(node, truncate=trunc)
                 wst = await self.area.open_write(live, truncate=trunc)
@@ -144,7 +148,7 @@ class FileOps(CoreBase):
         for _attempt in range(3):
             entry = await self._refresh(node)
             if entry is None:
-                raise _err(errno.ENOENT, f"{path}: no such file")
+                raise err(errno.ENOENT, f"{path}: no such file")
             if self._pin is None:
                 obj = ObjectRef(path, entry.version, entry.size)
                 return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version)
@@ -157,7 +161,7 @@ class FileOps(CoreBase):
                 # change): ask the origin itself, not a listing
                 fresh = await self._stat(path)
                 if fresh is None:
-                    raise _err(errno.ENOENT, f"{path}: no such file") from None
+                    raise err(errno.ENOENT, f"{path}: no such file") from None
                 node.entry, node.fetched = fresh, time.monotonic()
                 self.listings.record(path, fresh)
                 continue
@@ -165,7 +169,7 @@ class FileOps(CoreBase):
             return Handle(
                 self._fh(), node, False, None, self.readpath.open(obj), entry.version, path
             )
-        raise _err(errno.EIO, f"{path}: keeps changing at the origin")
+        raise err(errno.EIO, f"{path}: keeps changing at the origin")
 
     @counted
     async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:
@@ -175,7 +179,7 @@ class FileOps(CoreBase):
         await self._check("create", path)
         existing = self.area.get(path)
         if existing is not None and flags & os.O_EXCL:
-            raise _err(errno.EEXIST, f"{path}: exists")
+            raise err(errno.EEXIST, f"{path}: exists")
         writable = flags & os.O_ACCMODE != os.O_RDONLY
         uid, gid, _ = self._new_owner(parent_ino)
         mode = stat.S_IMODE(mode)
@@ -219,7 +223,7 @@ class FileOps(CoreBase):
             )
         except Conflict:
             self.area.discard(st)
-            raise _err(errno.EEXIST, f"{path}: exists") from None
+            raise err(errno.EEXIST, f"{path}: exists") from None
         except BaseException:
             self.area.discard(st)
             raise
@@ -232,7 +236,7 @@ class FileOps(CoreBase):
     def _handle(self, fh: int) -> Handle:
         h = self.handles.get(fh)
         if h is None:
-            raise _err(errno.EBADF, "bad file handle")
+            raise err(errno.EBADF, "bad file handle")
         return h
 
     @counted
@@ -246,14 +250,14 @@ class FileOps(CoreBase):
         if st is not None:
             return await self.area.read(st, offset, size)
         if h.reader is None:
-            raise _err(errno.EIO, "no reader")
+            raise err(errno.EIO, "no reader")
         return await h.reader.read(offset, size)
 
     @counted
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         h = self._handle(fh)
         if not h.writable or h.staged is None:
-            raise _err(errno.EBADF, "file not open for writing")
+            raise err(errno.EBADF, "file not open for writing")
         st = await self._writable(h)
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))

@@ -30,8 +30,9 @@ from airfs.origin.base import (
 )
 
 from .attrs import Attr
-from .base import ADOPT_MAX, DirHandle, Handle, _err, counted
+from .base import ADOPT_MAX, counted
 from .context import current_caller
+from .handles import DirHandle, Handle, err
 from .names import NameOps
 from .stats import CoreStats
 
@@ -68,7 +69,7 @@ class Filesystem(NameOps):
                     # a name never seen: answer "absent" so that new files can still be
                     # created (their commit is create-only: nothing at the origin is lost)
                     log.warning("%s: origin unreachable; not known here: %s", path, exc)
-                    raise _err(errno.ENOENT, f"{path}: not known (origin unreachable)") from None
+                    raise err(errno.ENOENT, f"{path}: not known (origin unreachable)") from None
                 log.warning("%s: origin unreachable, using the last known entry: %s", path, exc)
                 if node is None:
                     node = self.inodes.bind(path, known.kind, known, at=0.0)  # stale: recheck
@@ -79,7 +80,7 @@ class Filesystem(NameOps):
                     return await self.lookup(parent_ino, name)
                 if node is not None and node.opens == 0:
                     self.inodes.unlink_name(path)
-                raise _err(errno.ENOENT, f"{path}: no such file or directory")
+                raise err(errno.ENOENT, f"{path}: no such file or directory")
             node = self.inodes.bind(path, entry.kind, entry, t0)
         node.lookups += 1
         return self._attr(node)
@@ -100,13 +101,13 @@ class Filesystem(NameOps):
             if node.staged is not None:
                 return dataclasses.replace(self._staged_attr(node, node.staged), nlink=0)
             if node.entry is None:
-                raise _err(errno.ESTALE, "replaced or removed")
+                raise err(errno.ESTALE, "replaced or removed")
             return dataclasses.replace(self._entry_attr(node, node.entry), nlink=0)
         entry = await self._refresh(node)
         if entry is None:
             if node.opens and node.entry is not None:
                 return self._entry_attr(node, node.entry)
-            raise _err(errno.ENOENT, f"{node.path}: no such file or directory")
+            raise err(errno.ENOENT, f"{node.path}: no such file or directory")
         return self._entry_attr(node, entry)
 
     @counted
@@ -133,7 +134,7 @@ class Filesystem(NameOps):
             cur_attr = self._attr(node) if node.path is not None else None
             caller = current_caller()
             if uid is not None and not caller.is_root and (cur_attr is None or uid != cur_attr.uid):
-                raise _err(errno.EPERM, "only root can change the owner of a file")
+                raise err(errno.EPERM, "only root can change the owner of a file")
             if (
                 gid is not None
                 and not caller.is_root
@@ -141,12 +142,12 @@ class Filesystem(NameOps):
                 and gid != cur_attr.gid
                 and (caller.uid != cur_attr.uid or not caller.in_group(gid))
             ):
-                raise _err(errno.EPERM, "the group can be changed only to one of the owner's")
+                raise err(errno.EPERM, "the group can be changed only to one of the owner's")
         if size is not None:
             if node.kind is Kind.DIR:
-                raise _err(errno.EISDIR, "is a directory")
+                raise err(errno.EISDIR, "is a directory")
             if size < 0:
-                raise _err(errno.EINVAL, "negative size")
+                raise err(errno.EINVAL, "negative size")
             handle = self.handles.get(fh) if fh is not None else None
             async with node.lock:
                 if handle is not None and handle.writable and handle.staged is not None:
@@ -209,7 +210,7 @@ class Filesystem(NameOps):
     async def readlink(self, ino: int) -> str:
         node = self.inodes.get(ino)
         if node.kind is not Kind.SYMLINK:
-            raise _err(errno.EINVAL, "not a symlink")
+            raise err(errno.EINVAL, "not a symlink")
         await self._check("readlink", self._path(node))
         return await self.origin.readlink(self._path(node))
 
@@ -249,10 +250,10 @@ class Filesystem(NameOps):
         return CoreStats(
             inodes=len(self.inodes),
             open_files=len(self.handles),
-            listings=ls["listings"],
-            listing_hits=ls["listing_hits"],
-            listing_negative_hits=ls["listing_negative_hits"],
-            relists=ls["relists"],
+            listings=ls.listings,
+            listing_hits=ls.listing_hits,
+            listing_negative_hits=ls.listing_negative_hits,
+            relists=ls.relists,
             ops=dict(self.ops),
             latency=self.latency.snapshot(),
         )

@@ -19,6 +19,17 @@ from dataclasses import dataclass
 from airfs.origin.base import Entry, split
 
 
+@dataclass(frozen=True, slots=True)
+class ListingStats:
+    """``ListingCache.statistics()``: directories whose listing is kept, names answered from
+    a listing (present, absent) and directories listed again to answer a name."""
+
+    listings: int
+    listing_hits: int
+    listing_negative_hits: int
+    relists: int
+
+
 @dataclass
 class Listing:
     at: float
@@ -109,10 +120,5 @@ class ListingCache:
         self._dirs.pop(dir_path, None)
         self._changed[dir_path] = time.monotonic()
 
-    def statistics(self) -> dict[str, int]:
-        return {
-            "listings": len(self._dirs),
-            "listing_hits": self.hits,
-            "listing_negative_hits": self.negative_hits,
-            "relists": self.relists,
-        }
+    def statistics(self) -> ListingStats:
+        return ListingStats(len(self._dirs), self.hits, self.negative_hits, self.relists)

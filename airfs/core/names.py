@@ -21,9 +21,10 @@ from airfs.origin.base import (
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr, kind_of_mode
-from .base import ADOPT_MAX, DirHandle, Emit, _err, counted
+from .base import ADOPT_MAX, counted
 from .context import current_caller
 from .files import FileOps
+from .handles import DirHandle, Emit, err
 from .inodes import Node
 from .readpath import ObjectRef
 
@@ -40,7 +41,7 @@ class NameOps(FileOps):
         """Snapshot a directory listing (origin entries merged with staged files)."""
         node = self.inodes.get(ino)
         if node.kind is not Kind.DIR:
-            raise _err(errno.ENOTDIR, "not a directory")
+            raise err(errno.ENOTDIR, "not a directory")
         path = self._path(node)
         await self._check("readdir", path)
         # Staged files first: one whose commit lands while we list would otherwise be in
@@ -72,7 +73,7 @@ class NameOps(FileOps):
         buffer is full."""
         dh = self.dirs.get(fh)
         if dh is None:
-            raise _err(errno.EBADF, "bad directory handle")
+            raise err(errno.EBADF, "bad directory handle")
         base = self._path(dh.node)
         for i in range(start, len(dh.entries)):
             name, kind, entry, st = dh.entries[i]
@@ -98,7 +99,7 @@ class NameOps(FileOps):
         path = self._new_child(parent_ino, name)
         await self._check("mkdir", path)
         if self.area.get(path) is not None:
-            raise _err(errno.EEXIST, f"{path}: exists")
+            raise err(errno.EEXIST, f"{path}: exists")
         uid, gid, setgid = self._new_owner(parent_ino)
         mode = stat.S_IMODE(mode) | (stat.S_ISGID if setgid else 0)
         entry = await self.origin.mkdir(path, mode, uid=uid, gid=gid)
@@ -114,9 +115,9 @@ class NameOps(FileOps):
         path = self._child(parent_ino, name)
         await self._check("rmdir", path)
         if self.area.get(path) is not None:
-            raise _err(errno.ENOTDIR, f"{path}: not a directory")
+            raise err(errno.ENOTDIR, f"{path}: not a directory")
         if self.area.under(path):
-            raise _err(errno.ENOTEMPTY, f"{path}: directory not empty")
+            raise err(errno.ENOTEMPTY, f"{path}: directory not empty")
         await self.origin.rmdir(path)
         self._dir_changed(path, -1)
         self.listings.record(path, None)
@@ -168,7 +169,7 @@ class NameOps(FileOps):
         or the version a staged file it replaced was going to replace), journaled in the same
         step. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
         if exchange:
-            raise _err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
+            raise err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
         old = self._child(old_parent, old_name)
         new = self._new_child(new_parent, new_name)
         await self._check("rename_from", old)
@@ -219,12 +220,12 @@ class NameOps(FileOps):
         st_dst = self.area.get(new)
         dst_entry = None if st_dst is not None else await self._stat(new)
         if noreplace and (st_dst is not None or dst_entry is not None):
-            raise _err(errno.EEXIST, f"{new}: exists")
+            raise err(errno.EEXIST, f"{new}: exists")
         local_only = st_src is not None and st_src.base_version is None
         src_entry: Entry | None = None
         if local_only:
             if dst_entry is not None and dst_entry.kind is Kind.DIR:
-                raise _err(errno.EISDIR, f"{new}: is a directory")
+                raise err(errno.EISDIR, f"{new}: is a directory")
             # the moved file now replaces what is (or will be) at the origin under ``new``
             if st_dst is not None:
                 base = st_dst.base_version
@@ -235,14 +236,14 @@ class NameOps(FileOps):
         else:
             src_entry = await self._stat(old) if st_src is None else None
             if st_src is None and src_entry is None:
-                raise _err(errno.ENOENT, f"{old}: no such file or directory")
+                raise err(errno.ENOENT, f"{old}: no such file or directory")
             if src_entry is not None and src_entry.kind is Kind.DIR:
                 if st_dst is not None:
-                    raise _err(errno.ENOTDIR, f"{new}: not a directory")
+                    raise err(errno.ENOTDIR, f"{new}: not a directory")
                 if dst_entry is not None and dst_entry.kind is Kind.DIR and self.area.under(new):
-                    raise _err(errno.ENOTEMPTY, f"{new}: directory not empty")
+                    raise err(errno.ENOTEMPTY, f"{new}: directory not empty")
             elif dst_entry is not None and dst_entry.kind is Kind.DIR:
-                raise _err(errno.EISDIR, f"{new}: is a directory")
+                raise err(errno.EISDIR, f"{new}: is a directory")
             # opens of either name wait until the mount has taken the new name: the copy
             # replaces the destination's version at once, and an open meanwhile would read
             # that gone version (EIO); after the move it finds the old inode renamed away
@@ -288,7 +289,7 @@ class NameOps(FileOps):
         path = self._new_child(parent_ino, name)
         await self._check("symlink", path)
         if self.area.get(path) is not None:
-            raise _err(errno.EEXIST, f"{path}: exists")
+            raise err(errno.EEXIST, f"{path}: exists")
         uid, gid, _ = self._new_owner(parent_ino)
         entry = await self.origin.symlink(path, target, uid=uid, gid=gid)
         self._dir_changed(path)
@@ -309,15 +310,15 @@ class NameOps(FileOps):
             await self.release(fh)
             return attr
         if kind not in SPECIAL_KINDS:
-            raise _err(errno.EINVAL, f"mknod of file type {stat.S_IFMT(mode):o}")
+            raise err(errno.EINVAL, f"mknod of file type {stat.S_IFMT(mode):o}")
         path = self._new_child(parent_ino, name)
         await self._check("mknod", path)
         if kind in (Kind.CHAR, Kind.BLOCK) and not self.allow_devices:
-            raise _err(errno.EPERM, "device nodes are not allowed on this mount")
+            raise err(errno.EPERM, "device nodes are not allowed on this mount")
         if not self.origin.capabilities.special_files:
-            raise _err(errno.EOPNOTSUPP, f"{self.origin.url}: no special files at this origin")
+            raise err(errno.EOPNOTSUPP, f"{self.origin.url}: no special files at this origin")
         if self.area.get(path) is not None:
-            raise _err(errno.EEXIST, f"{path}: exists")
+            raise err(errno.EEXIST, f"{path}: exists")
         uid, gid, _ = self._new_owner(parent_ino)
         entry = await self.origin.mknod(path, kind, stat.S_IMODE(mode), rdev, uid=uid, gid=gid)
         self._dir_changed(path)
@@ -335,16 +336,16 @@ class NameOps(FileOps):
         caps = self.origin.capabilities
         node = self.inodes.get(ino)
         if node.kind is Kind.DIR:
-            raise _err(errno.EPERM, "hard links to directories are not allowed")
+            raise err(errno.EPERM, "hard links to directories are not allowed")
         if not (caps.hard_links or caps.link_copies):
-            raise _err(errno.EPERM, f"{self.origin.url}: no hard links at this origin")
+            raise err(errno.EPERM, f"{self.origin.url}: no hard links at this origin")
         src = self._path(node)
         dst = self._new_child(new_parent_ino, new_name)
         await self._check("link", dst)
         self._one_storage(src, dst, "link")
         await self._check("link_from", src)  # the new name must not give what src does not
         if self.area.get(dst) is not None:
-            raise _err(errno.EEXIST, f"{dst}: exists")
+            raise err(errno.EEXIST, f"{dst}: exists")
         st = self.area.get(src)
         if st is not None:
             # what is written so far is committed and linked, as by fsync (object_store links

@@ -49,16 +49,14 @@ import errno
 import logging
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from airfs.origin.base import OriginError
 from airfs.writeback.staging import Staged, StagingArea
 
+from .handles import Handle
 from .inodes import InodeTable
 from .readpath import LocalFile, ReadPath
-
-if TYPE_CHECKING:
-    from .fs import Handle
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +64,32 @@ log = logging.getLogger(__name__)
 SMALL_FILE_MAX = 8 << 20
 #: writable opens start passthrough only with this much staging space to spare
 WRITE_HEADROOM = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class PassthroughStats:
+    """``Passthrough.statistics()``: opens passed through and served by the daemon so far,
+    opens refused for holding other bytes than their inode's (ESTALE) or by the kernel,
+    passthrough handles open now, and the read path's counters of its local files."""
+
+    passthrough_opens: int
+    daemon_opens: int
+    passthrough_conflicts: int
+    passthrough_refused: int
+    passthrough_handles: int
+    backing: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, as ``airfs status --json`` shows it under ``fuse``."""
+        out: dict[str, Any] = {
+            "passthrough_opens": self.passthrough_opens,
+            "daemon_opens": self.daemon_opens,
+            "passthrough_conflicts": self.passthrough_conflicts,
+            "passthrough_refused": self.passthrough_refused,
+            "passthrough_handles": self.passthrough_handles,
+        }
+        out.update(self.backing)
+        return out
 
 
 @dataclass(eq=False)
@@ -272,9 +296,14 @@ class Passthrough:
             rec.local.release()
             rec.local = None
 
-    def statistics(self) -> dict[str, Any]:
-        out: dict[str, Any] = dict(self.counts)
-        out["passthrough_handles"] = sum(1 for r in self._opens.values() if r.passthrough)
-        out.update(self.readpath.backing_statistics())
-        return out
+    def statistics(self) -> PassthroughStats:
+        c = self.counts
+        return PassthroughStats(
+            passthrough_opens=c["passthrough_opens"],
+            daemon_opens=c["daemon_opens"],
+            passthrough_conflicts=c["passthrough_conflicts"],
+            passthrough_refused=c["passthrough_refused"],
+            passthrough_handles=sum(1 for r in self._opens.values() if r.passthrough),
+            backing=self.readpath.backing_statistics(),
+        )
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airfs.util.layoutstate import checked_layout
+
 from .sharding import UNKNOWN, Layout
 
 STATE_VERSION = 1
@@ -215,23 +217,9 @@ _KEYS = {
 
 def validated(state: dict[str, Any]) -> dict[str, Any]:
     """A normalised copy of a state, or ValueError saying what is wrong with it."""
-    if not isinstance(state, dict):
-        raise ValueError(f"a VolumeDataset state is a dict, not {type(state).__name__}")
-    for key, typ in _KEYS.items():
-        if not isinstance(state.get(key), typ):
-            raise ValueError(f"VolumeDataset state: {key!r} missing or not {typ.__name__}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"VolumeDataset state version {state['version']} is not supported")
-    k = int(state["num_workers"])
-    positions = [int(p) for p in state["positions"]]
-    if k < 1 or len(positions) != k or any(p < 0 and p != UNKNOWN for p in positions):
-        raise ValueError(f"VolumeDataset state: bad positions {positions} for {k} workers")
-    history = []
-    for seg in state["history"]:
-        sk, sp = int(seg[0]), [int(p) for p in seg[1]]
-        if sk < 1 or len(sp) != sk or any(p < 0 for p in sp):
-            raise ValueError(f"VolumeDataset state: bad history entry {seg}")
-        history.append([sk, sp])
+    state, k, positions, history = checked_layout(
+        state, _KEYS, "VolumeDataset", STATE_VERSION, UNKNOWN
+    )
     out: dict[str, Any] = {
         key: int(state[key]) for key in ("version", "epoch", "seed", "num_files", "fingerprint")
     }

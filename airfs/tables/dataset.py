@@ -13,6 +13,8 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from airfs.util.layoutstate import checked_layout
+
 from . import assign
 from .assign import UNKNOWN, Layout, Segment
 from .plan import Unit, as_expression, check_columns, plan_units
@@ -395,23 +397,9 @@ _KEYS = {
 
 def _validated(state: dict[str, Any]) -> dict[str, Any]:
     """A normalised copy of a state, or ValueError saying what is wrong with it."""
-    if not isinstance(state, dict):
-        raise ValueError(f"a TableDataset state is a dict, not {type(state).__name__}")
-    for key, typ in _KEYS.items():
-        if not isinstance(state.get(key), typ):
-            raise ValueError(f"TableDataset state: {key!r} missing or not {typ.__name__}")
-    if state["version"] != STATE_VERSION:
-        raise ValueError(f"TableDataset state version {state['version']} is not supported")
-    k = int(state["num_workers"])
-    positions = [int(p) for p in state["positions"]]
-    if k < 1 or len(positions) != k or any(p < 0 and p != UNKNOWN for p in positions):
-        raise ValueError(f"TableDataset state: bad positions {positions} for {k} workers")
-    history = []
-    for seg in state["history"]:
-        sk, sp = int(seg[0]), [int(p) for p in seg[1]]
-        if sk < 1 or len(sp) != sk or any(p < 0 for p in sp):
-            raise ValueError(f"TableDataset state: bad history entry {seg}")
-        history.append([sk, sp])
+    state, k, positions, history = checked_layout(
+        state, _KEYS, "TableDataset", STATE_VERSION, UNKNOWN
+    )
     out = dict(state)
     for key in ("rank", "world_size", "table_version"):
         v = state.get(key)

@@ -6,20 +6,33 @@ from __future__ import annotations
 import errno
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import trio
 
-from .versions import Staged
+from .versions import PathState, Staged
 
-if TYPE_CHECKING:
-    from .staging import StagingArea
+__all__ = ["Committing", "failure_message", "wait_committed"]
 
-__all__ = ["failure_message", "wait_committed"]
+
+class Committing(Protocol):
+    """What a barrier needs of the staging area
+    (:class:`~airfs.writeback.staging.StagingArea`)."""
+
+    #: conflicts not yet reported to a barrier (path, kept copy)
+    unreported: list[tuple[str, str]]
+
+    def on_ready(self, ps: PathState) -> None:
+        """Tell the uploader a commit of ``ps`` may be possible now."""
+        ...
+
+    def change_event(self) -> trio.Event:
+        """An event set at the area's next change."""
+        ...
 
 
 async def wait_committed(
-area: StagingArea,
+    area: Committing,
     targets: list[tuple[Staged, int]],
     on_progress: Callable[[dict[str, object]], None] | None = None,
 ) -> int:

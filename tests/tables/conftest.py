@@ -77,21 +77,9 @@ def table_dir(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
 def dist_pool() -> Iterator[Callable[[int], object]]:
     """``dist_pool(n)``: a shared gloo group of ``n`` forked processes (made on first use,
     remade if a test broke it, closed at the end of the session)."""
-    from distpool import DistPool
+    from distpool import shared_pools
 
-    pools: dict[int, DistPool] = {}
-
-    def get(world_size: int) -> DistPool:
-        pool = pools.get(world_size)
-        if pool is None or pool.broken:
-            if pool is not None:
-                pool.close()
-            pool = pools[world_size] = DistPool(world_size)
-        return pool
-
-    yield get
-    for pool in pools.values():
-        pool.close()
+    yield from shared_pools()
 
 
 @pytest.fixture(autouse=True)

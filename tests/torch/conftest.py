@@ -16,7 +16,7 @@ import pytest
 if importlib.util.find_spec("torch") is None:  # torch is an optional extra
     collect_ignore_glob = ["test_*.py"]
 else:
-    from distpool import DistPool
+    from distpool import DistPool, shared_pools
 
 
 @pytest.fixture(params=["dir", pytest.param("mount", marks=pytest.mark.mount)])
@@ -54,16 +54,4 @@ def cache_dir(tmp_path: Path) -> Path:
 def dist_pool() -> Iterator[Callable[[int], DistPool]]:
     """``dist_pool(n)``: a shared gloo group of ``n`` forked processes (made on first use,
     remade if a test broke it, closed at the end of the session)."""
-    pools: dict[int, DistPool] = {}
-
-    def get(world_size: int) -> DistPool:
-        pool = pools.get(world_size)
-        if pool is None or pool.broken:
-            if pool is not None:
-                pool.close()
-            pool = pools[world_size] = DistPool(world_size)
-        return pool
-
-    yield get
-    for pool in pools.values():
-        pool.close()
+    yield from shared_pools()

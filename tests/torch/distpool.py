@@ -17,7 +17,7 @@ import signal
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from multiprocessing.connection import Connection
 from typing import Any
@@ -212,3 +212,22 @@ def run_group(
                 proc.kill()
                 proc.join(5)
     return out
+
+
+def shared_pools() -> Iterator[Callable[[int], DistPool]]:
+    """The body of the ``dist_pool`` fixtures (torch and tables tests): ``get(n)`` is a
+    shared gloo group of ``n`` forked processes, made on first use, remade if a test broke
+    it; every group is closed when the generator ends."""
+    pools: dict[int, DistPool] = {}
+
+    def get(world_size: int) -> DistPool:
+        pool = pools.get(world_size)
+        if pool is None or pool.broken:
+            if pool is not None:
+                pool.close()
+            pool = pools[world_size] = DistPool(world_size)
+        return pool
+
+    yield get
+    for pool in pools.values():
+        pool.close()

@@ -97,10 +97,10 @@ async def test_daemon_served_inode_stays_daemon_served_until_its_opens_are_gone(
         assert s1 is not None and s1 == s2  # one backing file for the inode
         assert os.pread(s1[0], 10, 0) == b"abc"
         stats = fs.passthrough.statistics()
-        assert stats["passthrough_handles"] == 2 and stats["daemon_opens"] == 2
+        assert stats.passthrough_handles == 2 and stats.daemon_opens == 2
         await fs.release(r1)
         await fs.release(r2)
-        assert fs.passthrough.statistics()["passthrough_handles"] == 0
+        assert fs.passthrough.statistics().passthrough_handles == 0
 
 
 async def test_changed_content_under_a_passthrough_open_gets_estale_and_a_new_inode(
@@ -131,4 +131,4 @@ async def test_changed_content_under_a_passthrough_open_gets_estale_and_a_new_in
         await fs.flush(writer)
         await fs.release(writer)
         await fs.release(reader)
-        assert fs.passthrough.statistics()["passthrough_conflicts"] == 1
+        assert fs.passthrough.statistics().passthrough_conflicts == 1

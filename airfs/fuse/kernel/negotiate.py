@@ -76,7 +76,7 @@ class Negotiated:
     def has(self, flag: Init) -> bool:
         return flag.name in self.flags
 
-    def as_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["transport"] = "kernel"
         del out["offered"]

@@ -119,8 +119,8 @@ class Session(Handlers):
     # -- the loop ------------------------------------------------------------------------------
 
     def statistics(self) -> dict[str, Any]:
-        neg = self.negotiated.as_dict() if self.negotiated is not None else {"transport": "kernel"}
-        extra = self.fs.passthrough.statistics()
+        neg = self.negotiated.to_dict() if self.negotiated is not None else {"transport": "kernel"}
+        extra = self.fs.passthrough.statistics().to_dict()
         return {**neg, **self.counts, **extra, "backing_files": len(self._inode_backing)}
 
     async def run(self) -> None:

@@ -1,0 +1,54 @@
+"""Open handles of the core (files and directories), the callback a directory listing emits
+entries through, and :func:`err`, how every core operation makes the ``OSError`` it fails
+with (the errno the transports answer). A module of its own so that the core's parts
+(:mod:`.base`, :mod:`.passthrough`, :mod:`.files`, :mod:`.names`) share them without an
+import circle."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from airfs.origin.base import Entry, Kind
+from airfs.writeback.versions import Staged
+
+from .attrs import Attr
+from .inodes import Node
+from .readpath import Reader
+
+__all__ = ["DirHandle", "Emit", "Handle", "err"]
+
+
+def err(code: int, msg: str) -> OSError:
+    """The error a core operation fails with: ``errno`` ``code``, ``msg`` for the log."""
+    return OSError(code, msg)
+
+
+@dataclass(eq=False)
+class Handle:
+    """An open file. Writers always have ``staged``; readers have it when the file was staged
+    at open, else an origin ``reader``."""
+
+    fh: int
+    node: Node
+    writable: bool
+    staged: Staged | None
+    reader: Reader | None = None
+    #: origin version served by ``reader``
+    version: str | None = None
+    #: origin path pinned at open (the origin keeps that version readable until release)
+    pinned: str | None = None
+
+
+@dataclass(eq=False)
+class DirHandle:
+    fh: int
+    node: Node
+    entries: list[tuple[str, Kind, Entry | None, Staged | None]]
+    listed_at: float
+    #: the listing was filtered for its caller (governed volumes): the kernel must not keep
+    #: it for other callers
+    per_caller: bool = False
+
+
+Emit = Callable[[str, Attr, int], bool]
