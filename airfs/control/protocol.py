@@ -125,6 +125,7 @@ class BadMessage(ValueError):
         super().__init__(message)
         self.errno = err
 
+
 #: a socket younger than this is never taken for a dead one (a starting daemon binds it a
 #: moment before it listens, and refuses connections meanwhile)
 DEAD_SOCKET_AGE_S = 60.0
