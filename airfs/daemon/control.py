@@ -32,6 +32,7 @@ from airfs.origin.base import Entry, Kind, OriginError
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
+from .build import Built
 from .config import MountConfig
 
 if TYPE_CHECKING:
@@ -41,27 +42,32 @@ log = logging.getLogger("airfs")
 
 
 class Daemon:
-    """One mount's running state; also what the control socket talks to.
+    """One mount's running state; also what the control socket talks to. Made complete, by
+    :func:`airfs.daemon.process.serve`, from what :func:`~airfs.daemon.build.build` built, the
+    FUSE transport and the background prefetcher, before the control socket or the metrics
+    endpoint can call in."""
 
-    The component attributes (``fs``, ``uploader``, ``area``, ``readpath``, ``origin``,
-    ``prefetcher``, ``catalog_service``, ``transport``) are set by
-    :func:`airfs.daemon.process.serve` before the control socket or the metrics endpoint can
-    call in."""
-
-    def __init__(self, cfg: MountConfig) -> None:
+    def __init__(
+        self,
+        cfg: MountConfig,
+        built: Built,
+        transport: Transport,
+        prefetcher: BackgroundPrefetch,
+    ) -> None:
         self.cfg = cfg
         self.started = time.time()
         self.stop_requested = trio.Event()
         self.fuse_done = trio.Event()
-        self.fs: Filesystem
-        self.uploader: Uploader
-        self.area: StagingArea
-        self.readpath: ReadPath
-        self.origin: AsyncOrigin
-        self.prefetcher: BackgroundPrefetch
+        self.fs: Filesystem = built.fs
+        self.uploader: Uploader = built.uploader
+        self.area: StagingArea = built.area
+        self.readpath: ReadPath = built.readpath
+        self.origin: AsyncOrigin = built.origin
+        self.catalog_service: CatalogService = built.catalog
+        self.prefetcher = prefetcher
+        self.transport = transport
+        #: the mount's readahead was raised (once the kernel's INIT is answered)
         self.read_ahead = False
-        self.transport: Transport | None = None
-        self.catalog_service: CatalogService
         #: who owns every object as the mount reports it (see Filesystem's ``owner``)
         self.owner = MountOwner(os.getuid(), os.getgid())
 
@@ -82,7 +88,7 @@ class Daemon:
             "journal": dataclasses.asdict(self.area.disk.statistics()),
             "origin_calls": self.origin.statistics().to_dict(),
             "prefetch": self.prefetcher.statistics().to_dict(),
-            "fuse": self.transport.statistics() if self.transport is not None else None,
+            "fuse": self.transport.statistics(),
             "catalog": self.catalog_service.statistics(),
         }
 
@@ -242,7 +248,7 @@ class Daemon:
             writeback=self.uploader.statistics(),
             origin=self.origin.statistics(),
             prefetch=self.prefetcher.statistics(),
-            transport=self.transport.statistics() if self.transport is not None else None,
+            transport=self.transport.statistics(),
         )
 
 

@@ -33,12 +33,12 @@ from airfs.core.warm import BackgroundPrefetch
 from airfs.daemon import heap, memdebug
 from airfs.fuse.transport import TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Origin, OriginError
+from airfs.origin.base import Origin, OriginError
 from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin, tmp_tag
 from airfs.writeback.journal import JournalDamaged
 
-from .build import build
+from .build import Built, build
 from .config import UMASK as UMASK
 from .config import MountConfig as MountConfig
 from .config import MountError as MountError
@@ -160,12 +160,11 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
         return False
 
 
-async def serve(d: Daemon, ready: Callable[[str | None], None]) -> int:
-    """Open the origin, lock the cache dir, build everything and fill ``d`` with it, mount
-    and serve until unmounted; then drain and tear down. Calls ``ready(None)`` once the mount
-    is up. Returns the exit code (0, or 3 when pending writes stayed in the journal); a
-    mount that cannot start raises :class:`MountError`."""
-    cfg = d.cfg
+async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
+    """Open the origin, lock the cache dir, build everything, mount and serve until
+    unmounted; then drain and tear down. Calls ``ready(None)`` once the mount is up. Returns
+    the exit code (0, or 3 when pending writes stayed in the journal); a mount that cannot
+    start raises :class:`MountError`."""
     os.umask(UMASK)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     with contextlib.suppress(ValueError, OSError):
@@ -199,12 +198,9 @@ async def serve(d: Daemon, ready: Callable[[str | None], None]) -> int:
             journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",
             remove_temporaries=posix.remove_temporaries if posix is not None else None,
         ) as built:
-            d.origin, d.readpath, d.area = built.origin, built.readpath, built.area
-            d.fs, d.uploader = built.fs, built.uploader
-            d.catalog_service = built.catalog
             if built.recovery.replayed:
                 log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
-            code = await _serve(d, ready, built.root)
+            code = await _serve(cfg, built, ready)
     except JournalDamaged as exc:
         raise MountError(str(exc)) from None
     except OriginError as exc:
@@ -216,19 +212,19 @@ async def serve(d: Daemon, ready: Callable[[str | None], None]) -> int:
     return code
 
 
-async def _serve(d: Daemon, ready: Callable[[str | None], None], root: Entry) -> int:
+async def _serve(cfg: MountConfig, built: Built, ready: Callable[[str | None], None]) -> int:
     """Transport, control socket and metrics, then the mount and its tasks (see :func:`serve`)."""
-    cfg = d.cfg
-    d.prefetcher = BackgroundPrefetch(d.origin, d.readpath, resolve=d.fs.origin_entry)
+    prefetcher = BackgroundPrefetch(built.origin, built.readpath, resolve=built.fs.origin_entry)
     initialized = trio.Event()
-    fsname = (d.origin.url or "airfs").replace(",", "_").replace(" ", "_")
+    fsname = (built.origin.url or "airfs").replace(",", "_").replace(" ", "_")
     try:
         opts = TransportOptions(
             fsname, _allow_other(cfg), cfg.debug, initialized.set, cfg.passthrough
         )
-        d.transport = transport = make_transport(cfg.fuse, d.fs, cfg.ttl, opts)
+        transport = make_transport(cfg.fuse, built.fs, cfg.ttl, opts)
     except TransportError as exc:
         raise MountError(str(exc)) from None
+    d = Daemon(cfg, built, transport, prefetcher)
     # Everything that touches the mountpoint path happens before the mount: once mounted,
     # a stat of it would wait for this very process to answer.
     control = ControlServer(d, socket_path(cfg.mountpoint))
@@ -407,7 +403,7 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
         heap.limit_arenas()  # before any worker thread: see airfs/heap.py
-        return trio.run(serve, Daemon(cfg), ready)
+        return trio.run(serve, cfg, ready)
     except Exception as exc:
         leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself
         if isinstance(leaf, MountError):
