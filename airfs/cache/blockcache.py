@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Required, TypedDict, Unpack
 
 import trio
 
@@ -57,6 +57,23 @@ from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
 
 __all__ = ["CachedReadPath", "CachedReader"]
+
+
+class CacheOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`CachedReadPath` (see it for each one's meaning), as
+    :meth:`CachedReadPath.create` and :meth:`CachedReadPath.running` take them."""
+
+    cache_size: Required[int]
+    min_free: int
+    block_size: int
+    checksum_chunk: int
+    initial_window: int
+    max_window: int
+    seek_tolerance: int
+    part_size: int
+    inflight_budget: int
+    max_parallel: int
+    flush_interval: float
 
 
 class CachedReadPath:
@@ -156,7 +173,11 @@ class CachedReadPath:
 
     @classmethod
     async def create(
-        cls, nursery: trio.Nursery, origin: AsyncOrigin, cache_dir: str, **options: Any
+        cls,
+        nursery: trio.Nursery,
+        origin: AsyncOrigin,
+        cache_dir: str,
+        **options: Unpack[CacheOptions],
     ) -> CachedReadPath:
         """Open the cache at ``cache_dir`` and start its background task in ``nursery``.
         ``options`` are the constructor's keyword arguments. Call :meth:`aclose` when done."""
@@ -168,7 +189,7 @@ class CachedReadPath:
     @classmethod
     @contextlib.asynccontextmanager
     async def running(
-        cls, origin: AsyncOrigin, cache_dir: str, **options: Any
+        cls, origin: AsyncOrigin, cache_dir: str, **options: Unpack[CacheOptions]
     ) -> AsyncIterator[CachedReadPath]:
         """``async with CachedReadPath.running(...) as rp``: :meth:`create` in a nursery of its
         own, :meth:`aclose` on exit."""
