@@ -9,17 +9,14 @@ per read): 64 random 4 KiB reads of a 192 MiB file pulled 113-144 MiB.
 
 from __future__ import annotations
 
-import json
 import os
 import random
-import subprocess
 from typing import Any
 
 import pytest
 
 from airfs.core.attrs import ORIGIN_BLKSIZE
 from airfs.testing.fixtures import Volume
-from airfs.testing.mountfix import airfs_cmd
 
 pytestmark = pytest.mark.mount
 
@@ -29,14 +26,7 @@ PAGE = 4096
 
 
 def cache_stats(v: Volume) -> dict[str, Any]:
-    p = subprocess.run(
-        [*airfs_cmd(), "status", "--json", str(v.root)],
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=True,
-    )
-    return json.loads(p.stdout)["cache"]
+    return v.m.status()["cache"]
 
 
 def cold_file(v: Volume, offsets: list[int], span: int) -> dict[int, bytes]:
