@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,6 +21,54 @@ from airfs.origin.posix import PosixOrigin
 from airfs.testing.fixtures import OriginSpec, Volume
 from airfs.testing.mountfix import fuse_available, teardown_all
 from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``slow`` run only with ``AIRFS_SLOW_TESTS=1``."""
+    if os.environ.get("AIRFS_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow test: set AIRFS_SLOW_TESTS=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
+class _ErrorRecords(logging.Handler):
+    """Collects what airfs logged at ERROR or above (or with a traceback) in one test."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.ERROR or record.exc_info:
+            self.records.append(record)
+
+
+@pytest.fixture(autouse=True)
+def airfs_log_check(request: pytest.FixtureRequest) -> Iterator[None]:
+    """The in-process counterpart of the mounted tests' daemon-log check: a test fails if
+    code under ``airfs`` logged an error or a traceback that it did not declare with
+    ``@pytest.mark.expect_log("regex", ...)`` (matched against the message and traceback)."""
+    handler = _ErrorRecords()
+    logger = logging.getLogger("airfs")
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+    patterns = [
+        re.compile(p) for m in request.node.iter_markers("expect_log") for p in m.args
+    ]
+    bad = []
+    for r in handler.records:
+        text = r.getMessage()
+        if r.exc_info:
+            text += "\n" + logging.Formatter().formatException(r.exc_info)
+        if not any(p.search(text) for p in patterns):
+            bad.append(f"{r.name} {r.levelname}: {text}")
+    if bad:
+        pytest.fail("unexpected in the log:\n" + "\n".join(bad[:5]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

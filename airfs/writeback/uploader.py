@@ -322,7 +322,9 @@ class Uploader:
         st.attempts += 1
         base = 0.5 * 2 ** min(st.attempts, 6) if transient else 30.0
         st.next_try = time.monotonic() + min(30.0, base) * random.uniform(0.8, 1.2)
-        log.error("%s (attempt %d)", msg, st.attempts)
+        # a failure that will be retried soon is a warning; one that needs an operator (a
+        # permission, a bad name: retried only every 30 s) is an error
+        (log.warning if transient else log.error)("%s (attempt %d)", msg, st.attempts)
 
     # -- barriers --------------------------------------------------------------------------
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import json
 import os
 import shutil
 import statistics
@@ -468,6 +469,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--work", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--json", default=None, help="the rows as JSON too (for scripts/bench/ab.py)")
     a = ap.parse_args()
     work = Path(a.work or tempfile.mkdtemp(prefix="airfs-t-"))
     b = Bench(a, work)
@@ -488,6 +490,9 @@ def main() -> int:
     print(text)
     if a.out:
         Path(a.out).write_text(text)
+    if a.json:
+        keep = ("num", "scen", "vals", "base", "bv", "unit", "higher")
+        Path(a.json).write_text(json.dumps([{k: r[k] for k in keep} for r in b.rows]))
     if not a.work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

@@ -19,6 +19,7 @@ two checkouts (``PYTHONPATH=<checkout>``) to compare; numbers go to docs/benchma
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import tempfile
 import time
@@ -109,6 +110,14 @@ async def main(args: argparse.Namespace) -> None:
     print(f"{'case':<12} {'rate':>14} {'stall p99 ms':>13} {'stall max ms':>13}")
     for name, rate, p99, mx in rows:
         print(f"{name:<12} {rate:>14} {p99:>13.2f} {mx:>13.2f}")
+    if args.json:
+        out = [
+            {"case": name, "rate": float(rate.split()[0].replace(",", "")),
+             "unit": rate.split()[1], "stall_p99_ms": p99, "stall_max_ms": mx}
+            for name, rate, p99, mx in rows
+        ]  # fmt: skip
+        with open(args.json, "w") as f:
+            json.dump(out, f)
 
 
 if __name__ == "__main__":
@@ -116,4 +125,5 @@ if __name__ == "__main__":
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--mib", type=int, default=512)
     p.add_argument("--tasks", type=int, default=16)
+    p.add_argument("--json", default=None, help="also write the rows as JSON (scripts/bench/ab.py)")
     trio.run(main, p.parse_args())

@@ -113,6 +113,7 @@ def test_groups_are_principals_and_root_can_lose_admin() -> None:
     trio.run(main)
 
 
+@pytest.mark.expect_log(r"damaged catalog: ")
 def test_a_change_is_seen_after_the_ttl_and_a_damaged_catalog_fails_closed(
     tmp_path: object,
 ) -> None:

@@ -158,6 +158,7 @@ def _write_raw(origin: Origin, text: str, tmp: str) -> None:
     origin.put(CATALOG_PATH, tmp)
 
 
+@pytest.mark.expect_log(r"damaged catalog: ")
 def test_cache_reloads_after_the_ttl_and_a_damaged_catalog_is_reported(
     origin_spec: OriginSpec, tmp_path: Any
 ) -> None:

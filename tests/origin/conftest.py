@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,20 +21,6 @@ from airfs.origin.posix import PosixOrigin
 from airfs.origin.s3 import S3Origin
 from airfs.testing.memory import MemoryOrigin
 from airfs.testing.seaweed import SeaweedServer
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: long-running; run with AIRFS_SLOW_TESTS=1")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("AIRFS_SLOW_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow test: set AIRFS_SLOW_TESTS=1 to run it")
-    here = Path(__file__).parent
-    for item in items:  # this hook sees the whole session: touch only this directory's tests
-        if "slow" in item.keywords and here in Path(item.path).parents:
-            item.add_marker(skip)
 
 
 def new_s3_origin(srv: SeaweedServer, **kwargs: Any) -> S3Origin:

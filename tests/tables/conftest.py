@@ -12,7 +12,6 @@ Tests marked ``slow`` here are skipped unless ``AIRFS_SLOW_TESTS=1``.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,19 +25,6 @@ if _missing:  # the tables extra (and torch) are optional
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "torch"))  # distpool, shared with torch
 
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "slow: long-running; run with AIRFS_SLOW_TESTS=1")
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("AIRFS_SLOW_TESTS") == "1":
-        return
-    skip = pytest.mark.skip(reason="slow test: set AIRFS_SLOW_TESTS=1 to run it")
-    here = Path(__file__).parent
-    for item in items:  # this hook sees the whole session: touch only this directory's tests
-        if "slow" in item.keywords and here in Path(item.path).parents:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="module")

@@ -253,6 +253,7 @@ async def test_retried_put_that_had_landed_is_not_a_conflict(tmp_path: Path) -> 
 # -- 8. flush must fail when a write lost a conflict ------------------------------------
 
 
+@pytest.mark.expect_log(r"commit lost a conflict: shared: ")
 async def test_flush_fails_naming_the_file_that_lost_a_conflict(tmp_path: Path) -> None:
     """Bug 8: ``airfs flush`` exited 0 although a write lost a conflict."""
     mem = MemoryOrigin()

@@ -95,6 +95,7 @@ async def test_transient_put_failure_is_retried_until_committed(tmp_path: Path) 
         assert c.area.journal.records() == []
 
 
+@pytest.mark.expect_log(r"commit of \S+ failed: \[Errno 13\]")
 async def test_permanent_failure_is_reported_kept_and_fsync_fails(tmp_path: Path) -> None:
     mem = MemoryOrigin()
     async with running_core(tmp_path / "cache", mem) as c:
@@ -125,6 +126,7 @@ async def test_permanent_failure_is_reported_kept_and_fsync_fails(tmp_path: Path
         assert c.uploader.statistics().to_dict()["failing"] == []
 
 
+@pytest.mark.expect_log(r"commit of \S+ failed: \[Errno 13\]")
 async def test_flush_raises_on_permanent_failure(tmp_path: Path) -> None:
     mem = MemoryOrigin()
     async with running_core(tmp_path / "cache", mem) as c:

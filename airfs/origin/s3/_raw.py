@@ -13,6 +13,7 @@ import hmac
 import http.client
 import threading
 import urllib.parse
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator, Mapping
 
@@ -20,6 +21,14 @@ from ..base import NotFound
 from ._credentials import Credentials
 from ._errors import CODE_RE, classify, first_line
 from ._meta import iso_ns
+
+
+def _close_all(conns: dict[int, http.client.HTTPConnection], lock: threading.Lock) -> None:
+    with lock:
+        items = list(conns.values())
+        conns.clear()
+    for conn in items:
+        conn.close()
 
 
 def quote(s: str, safe: str = "-_.~") -> str:
@@ -52,6 +61,12 @@ class RawS3:
         self.timeout = timeout
         self.slow_timeout = slow_timeout
         self._local = threading.local()  # one kept-alive connection per worker thread
+        #: every connection made, by the thread that uses it: closed by :meth:`close`, when
+        #: this object is collected, and (for threads that have ended) when a new one is made,
+        #: so that no socket outlives its user unclosed
+        self._conns: dict[int, http.client.HTTPConnection] = {}
+        self._conns_lock = threading.Lock()
+        weakref.finalize(self, _close_all, self._conns, self._conns_lock)
 
     def _conn(self) -> http.client.HTTPConnection:
         conn = getattr(self._local, "conn", None)
@@ -62,13 +77,28 @@ class RawS3:
                 else http.client.HTTPConnection
             )
             conn = self._local.conn = cls(self.netloc, timeout=self.timeout)
+            alive = {t.ident for t in threading.enumerate()}
+            with self._conns_lock:
+                for ident in [i for i in self._conns if i not in alive]:
+                    self._conns.pop(ident).close()
+                old = self._conns.get(threading.get_ident())
+                self._conns[threading.get_ident()] = conn
+            if old is not None and old is not conn:
+                old.close()
         return conn
 
     def _drop(self) -> None:
         conn = getattr(self._local, "conn", None)
         self._local.conn = None
         if conn is not None:
+            with self._conns_lock:
+                if self._conns.get(threading.get_ident()) is conn:
+                    del self._conns[threading.get_ident()]
             conn.close()
+
+    def close(self) -> None:
+        """Close every kept-alive connection (a later request opens a new one)."""
+        _close_all(self._conns, self._conns_lock)
 
     def _headers(
         self,
