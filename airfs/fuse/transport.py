@@ -13,12 +13,23 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airfs.core.fs import Filesystem
 from airfs.fuse import TRANSPORTS
 
-__all__ = ["TRANSPORTS", "Transport", "TransportError", "TransportOptions", "make_transport"]
+if TYPE_CHECKING:
+    from airfs.fuse.kernel.session import SessionStats
+
+__all__ = [
+    "TRANSPORTS",
+    "Pyfuse3Stats",
+    "Transport",
+    "TransportError",
+    "TransportOptions",
+    "TransportStats",
+    "make_transport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +38,27 @@ class TransportError(Exception):
     """Mounting failed (one-line reason)."""
 
 
+class TransportStats(Protocol):
+    """A transport's statistics record (frozen), shown flat by ``airfs status --json``
+    under ``fuse``; its ``transport`` key names the transport."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pyfuse3Stats:
+    """``Pyfuse3Transport.statistics()``: libfuse counts nothing for us."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transport": "pyfuse3"}
+
+
 class Transport(Protocol):
     def mount(self, mountpoint: str) -> None: ...
     async def main(self) -> None: ...
     def terminate(self) -> None: ...
     def close(self) -> None: ...
-    def statistics(self) -> dict[str, Any]: ...
+    def statistics(self) -> TransportStats: ...
 
 
 @dataclass(frozen=True)
@@ -117,8 +143,8 @@ class Pyfuse3Transport:
             with contextlib.suppress(Exception):
                 pyfuse3.close(unmount=True)
 
-    def statistics(self) -> dict[str, Any]:
-        return {"transport": "pyfuse3"}
+    def statistics(self) -> Pyfuse3Stats:
+        return Pyfuse3Stats()
 
 
 class KernelTransport:
@@ -173,7 +199,7 @@ class KernelTransport:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> SessionStats:
         return self.session.statistics()
 
 
