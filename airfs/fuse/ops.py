@@ -7,7 +7,6 @@ state and no logic live here.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -19,7 +18,7 @@ import pyfuse3
 from airfs.core.attrs import Attr
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
-from airfs.fuse.policy import attr_timeout, entry_timeout, error_level, statvfs
+from airfs.fuse.policy import attr_timeout, entry_timeout, failure_errno, statvfs
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +39,8 @@ def replies(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except OSError as exc:
-            code = exc.errno or errno.EIO
-            log.log(error_level(code), "%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(code) from None
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:
+            raise pyfuse3.FUSEError(failure_errno(log, fn.__name__, exc)) from None
 
     return wrapper
 

@@ -1,6 +1,7 @@
 """What both transports (the kernel one and the pyfuse3 adapter) answer alike: how long the
-kernel may keep an entry or attributes, how loudly a core error is logged, and what statfs
-reports. One place, so that the two adapters stay thin and cannot drift apart."""
+kernel may keep an entry or attributes, which errno a failed request gets and how loudly it
+is logged, and what statfs reports. One place, so that the two adapters stay thin and cannot
+drift apart."""
 
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
 from airfs.origin.base import FsStats
 
-__all__ = ["NAME_MAX", "Statvfs", "attr_timeout", "entry_timeout", "error_level", "statvfs"]
+__all__ = [
+    "NAME_MAX",
+    "Statvfs",
+    "attr_timeout",
+    "entry_timeout",
+    "error_level",
+    "failure_errno",
+    "statvfs",
+]
 
 #: the longest name, as statfs reports it
 NAME_MAX = 255
@@ -36,6 +45,18 @@ def error_level(code: int) -> int:
     """The log level of a request that failed with ``code``: EIO and ENOSPC are the
     daemon's own failures (errors); every other errno is the answer to a request (debug)."""
     return logging.ERROR if code in (errno.EIO, errno.ENOSPC) else logging.DEBUG
+
+
+def failure_errno(log: logging.Logger, op: str, exc: Exception) -> int:
+    """The errno to answer the request ``op`` that raised ``exc``, logged on ``log``: an
+    ``OSError``'s own errno (EIO if it has none) at :func:`error_level`; anything else is a
+    bug, logged with its traceback and answered EIO."""
+    if isinstance(exc, OSError):
+        code = exc.errno or errno.EIO
+        log.log(error_level(code), "%s: %s", op, exc)
+        return code
+    log.error("%s failed", op, exc_info=exc)
+    return errno.EIO
 
 
 @dataclass(frozen=True, slots=True)

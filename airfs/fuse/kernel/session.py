@@ -33,7 +33,7 @@ import trio
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
 from airfs.core.passthrough import PassthroughStats
-from airfs.fuse.policy import error_level
+from airfs.fuse.policy import failure_errno
 
 from . import proto
 from .handlers import NO_REPLY, Handler, Handlers, Payload
@@ -261,19 +261,13 @@ class Session:
             self._scopes[req.unique] = scope
             try:
                 payload = await handler(req)
-            except OSError as exc:
-                code = exc.errno or errno.EIO
-                log.log(error_level(code), "%s: %s", _opname(op), exc)
-                self._reply_error(req.unique, code)
-                return
             except BadRequest as exc:
                 self.errors += 1
                 log.warning("%s: malformed request: %s", _opname(op), exc)
                 self._reply_error(req.unique, errno.EINVAL)
                 return
-            except Exception:
-                log.exception("%s failed", _opname(op))
-                self._reply_error(req.unique, errno.EIO)
+            except Exception as exc:
+                self._reply_error(req.unique, failure_errno(log, _opname(op), exc))
                 return
             finally:
                 self._scopes.pop(req.unique, None)

@@ -52,7 +52,7 @@ class Reads:
         what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
         each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
         their marker's attributes the same way where the server keeps them, else their
-        stable time (:meth:`_probe_time`, one small listing each, with ``list_heads``)."""
+        stable time (:meth:`.S3Client.probe_time`, one small listing each, with ``list_heads``)."""
         try:
             res = obstore.list_with_delimiter(self.c.store, path or None)
         except Exception as exc:
