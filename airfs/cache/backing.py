@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import trio
 
-from airfs.core.readpath import ObjectRef
+from airfs.core.readpath import BackingStats, ObjectRef
 
 from .objects import ObjectTable
 from .persist import IndexKeeper
@@ -212,9 +212,9 @@ class BackingFiles:
             log.warning("cache: cannot record verified files: %s", exc)
         return True
 
-    def statistics(self) -> dict[str, int]:
-        return {
-            "backing_verifications": self.verifications,
-            "backing_verify_failures": self.verify_failures,
-            "backing_fetched_whole": self.fetched_whole,
-        }
+    def statistics(self) -> BackingStats:
+        return BackingStats(
+            backing_verifications=self.verifications,
+            backing_verify_failures=self.verify_failures,
+            backing_fetched_whole=self.fetched_whole,
+        )

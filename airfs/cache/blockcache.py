@@ -42,7 +42,7 @@ from typing import Required, TypedDict, Unpack
 
 import trio
 
-from airfs.core.readpath import ObjectRef
+from airfs.core.readpath import BackingStats, ObjectRef
 
 from ..origin.aio import AsyncOrigin
 from .backing import BackingFiles, LocalFile, Verified
@@ -348,7 +348,7 @@ class CachedReadPath:
         self._check_running()
         return await self.backing.acquire(obj, fetch_max=fetch_max)
 
-    def backing_statistics(self) -> dict[str, int]:
+    def backing_statistics(self) -> BackingStats:
         """See :meth:`airfs.core.readpath.ReadPath.backing_statistics`."""
         return self.backing.statistics()
 

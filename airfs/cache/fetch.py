@@ -52,12 +52,12 @@ from .store import (
     write_all,
 )
 
-__all__ = ["Fetcher", "Kind", "Part"]
+__all__ = ["FetchKind", "Fetcher", "Part"]
 
 log = logging.getLogger(__name__)
 
 
-class Kind(enum.Enum):
+class FetchKind(enum.Enum):
     DEMAND = "demand"  # a read is waiting for it
     PREFETCH = "prefetch"  # requested by a reader's stream ahead of its position
     WARM = "warm"  # warm(): fetch whole object
@@ -88,7 +88,7 @@ class Part:
     )
 
     def __init__(
-        self, obj: CachedObject, b0: int, b1: int, kind: Kind, reader: CachedReader | None
+        self, obj: CachedObject, b0: int, b1: int, kind: FetchKind, reader: CachedReader | None
     ) -> None:
         self.obj = obj
         self.b0, self.b1 = b0, b1
@@ -98,7 +98,7 @@ class Part:
         self.reader = reader
         self.epoch = reader.stream.epoch if reader is not None else 0
         self.urgent = False  # a read waits for it: skip the budget queue
-        self.needed = kind is not Kind.PREFETCH  # must not be abandoned
+        self.needed = kind is not FetchKind.PREFETCH  # must not be abandoned
         self.started = False
         self.done = trio.Event()
         self.data: bytes | None = None
@@ -147,7 +147,7 @@ class Fetcher:
             await trio.sleep_forever()
 
     def start_part(
-        self, obj: CachedObject, b0: int, b1: int, kind: Kind, reader: CachedReader | None
+        self, obj: CachedObject, b0: int, b1: int, kind: FetchKind, reader: CachedReader | None
     ) -> Part:
         """Claim blocks ``[b0, b1)`` (none may be in flight) and fetch them in the background."""
         assert self._nursery is not None, "Fetcher.run is not running"
@@ -163,7 +163,7 @@ class Fetcher:
         assert have is not None
         b0, b1 = span[0] // bs, min(obj.nblocks, (span[1] - 1) // bs + 1)
         for x, y in split_runs(b0, b1, self.part_blocks, lambda b: bool(have[b]) or b in inflight):
-            self.start_part(obj, x, y, Kind.PREFETCH, reader)
+            self.start_part(obj, x, y, FetchKind.PREFETCH, reader)
 
     async def _run_part(self, part: Part) -> None:
         obj = part.obj
@@ -172,7 +172,7 @@ class Fetcher:
         t = self._table
         acquired = reserved = 0
         try:
-            if part.kind is Kind.DEMAND:
+            if part.kind is FetchKind.DEMAND:
                 self.budget.take(n)
             elif not await self.budget.acquire(
                 n, give_up=part.abandoned, urgent=lambda: part.urgent
@@ -181,7 +181,7 @@ class Fetcher:
                 return
             acquired = n
             async with contextlib.AsyncExitStack() as stack:
-                if not part.urgent and part.kind is not Kind.DEMAND:
+                if not part.urgent and part.kind is not FetchKind.DEMAND:
                     await stack.enter_async_context(self._parallel)
                 if part.abandoned():
                     s.prefetch_abandoned += 1
@@ -235,22 +235,22 @@ class Fetcher:
                         ev.set()
             s.origin_requests += 1
             s.origin_bytes_read += n
-            if part.kind is Kind.PREFETCH:
+            if part.kind is FetchKind.PREFETCH:
                 s.prefetch_bytes += n
             if crcs is not None and not obj.dead:
-                mark = PREFETCHED if part.kind is Kind.PREFETCH else PRESENT
+                mark = PREFETCHED if part.kind is FetchKind.PREFETCH else PRESENT
                 t.commit(obj, part.b0, part.b1, crcs, mark)
                 reserved = 0
             else:
                 s.uncached_bytes += n
-            if part.kind is not Kind.WARM or crcs is None:
+            if part.kind is not FetchKind.WARM or crcs is None:
                 part.data = data
         except trio.Cancelled:
             part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
             raise
         except Exception as exc:
             part.error = exc
-            if part.kind is not Kind.DEMAND:
+            if part.kind is not FetchKind.DEMAND:
                 log.debug("%s fetch of %s failed: %s", part.kind.value, obj.path, exc)
         finally:
             if reserved:
@@ -307,7 +307,7 @@ class Fetcher:
             p.needed = True
             theirs[id(p)] = p
         mine = [
-            self.start_part(obj, b0, b1, Kind.WARM, None)
+            self.start_part(obj, b0, b1, FetchKind.WARM, None)
             for b0, b1 in split_runs(
                 0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight
             )
@@ -336,7 +336,7 @@ class Fetcher:
         if not t.reserve(obj, nbytes):
             return False
         whole = obj.cached == 0 and not inflight and runs == [(0, obj.nblocks)]
-        parts = [Part(obj, b0, b1, Kind.ADOPT, None) for b0, b1 in runs]
+        parts = [Part(obj, b0, b1, FetchKind.ADOPT, None) for b0, b1 in runs]
         for p in parts:
             p.started = True
             for b in range(p.b0, p.b1):

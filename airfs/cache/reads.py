@@ -27,7 +27,7 @@ from __future__ import annotations
 import errno
 
 from ..origin.base import OriginError
-from .fetch import Fetcher, Kind, Part
+from .fetch import Fetcher, FetchKind, Part
 from .hits import HitReader
 from .objects import ObjectTable
 from .reader import CachedReader
@@ -96,7 +96,7 @@ class ReadPlanner:
                     pieces.append(got)
                     continue
                 if not part.done.is_set():
-                    if part.kind is Kind.PREFETCH:
+                    if part.kind is FetchKind.PREFETCH:
                         self.stats.prefetch_waits += 1
                     await part.done.wait()
                 if part.error is not None:
@@ -134,7 +134,7 @@ class ReadPlanner:
                     e = b + 1
                     while e < b1 and e - b < part_blocks and not have[e] and e not in inflight:
                         e += 1
-                    part = self._fetcher.start_part(obj, b, e, Kind.DEMAND, None)
+                    part = self._fetcher.start_part(obj, b, e, FetchKind.DEMAND, None)
                 elif not part.started and not part.urgent:
                     part.urgent = True
                     self._budget.poke()

@@ -16,17 +16,19 @@ and the missing privilege; repeats of the same denial are logged at most once pe
 from __future__ import annotations
 
 import collections
+import dataclasses
 import errno
 import grp
 import logging
 import pwd
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from airfs.core.context import Caller, groups_of
 
 from .model import OK, RESERVED, Decision, Who, allowed, split_path, who
-from .store import CacheStats, CatalogCache
+from .store import CatalogCache, CatalogCacheStats
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,11 @@ class GuardStats:
     denied_by_errno: dict[str, int]
     denied_by_op: dict[str, int]
     denied_by_privilege: dict[str, int]
-    catalog: CacheStats
+    catalog: CatalogCacheStats
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``airfs status --json`` shows it under ``catalog`` (the cache's figures nested)."""
+        return dataclasses.asdict(self)
 
 
 class _Names:

@@ -20,7 +20,7 @@ from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Origin
 
 from .commands import READ_ONLY
-from .guard import CatalogGuard
+from .guard import CatalogGuard, GuardStats
 from .model import CatalogError, Decision, P, allowed, is_admin, privileges, split_path
 from .store import CatalogCache, CatalogStore
 
@@ -122,7 +122,6 @@ class CatalogService:
             "errno": d.errno,
         }
 
-    def statistics(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self.guard.statistics())
+    def statistics(self) -> GuardStats:
+        """The guard's checks and denials and the catalog cache's figures."""
+        return self.guard.statistics()

@@ -188,7 +188,7 @@ class CatalogStore:
 
 
 @dataclass(frozen=True, slots=True)
-class CacheStats:
+class CatalogCacheStats:
     """``CatalogCache.statistics()``."""
 
     governed: bool
@@ -265,8 +265,8 @@ class CatalogCache:
         """Reload at the next :meth:`current` (after a change made through this daemon)."""
         self._loaded_at = -1e18
 
-    def statistics(self) -> CacheStats:
-        return CacheStats(
+    def statistics(self) -> CatalogCacheStats:
+        return CatalogCacheStats(
             governed=self.meta is not None or self.damaged is not None,
             serial=self.meta.serial if self.meta is not None else None,
             loads=self._loads,

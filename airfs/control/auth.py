@@ -28,6 +28,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from airfs.core.attrs import Owner
 from airfs.origin.base import Kind
 
 log = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ SO_PEERGROUPS = getattr(socket, "SO_PEERGROUPS", 59)
 
 
 @dataclass(frozen=True, slots=True)
-class Caller:
+class Peer:
     """The process at the other end of a control connection."""
 
     uid: int
@@ -79,7 +80,7 @@ def _proc_groups(pid: int) -> frozenset[int]:
     return frozenset()
 
 
-def peer_caller(sock: Any) -> Caller:
+def peer_caller(sock: Any) -> Peer:
     """The credentials of a connected Unix socket's peer (``SO_PEERCRED``). Raises
     ``OSError`` when the kernel cannot say (then nothing is authorised)."""
     raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
@@ -87,7 +88,7 @@ def peer_caller(sock: Any) -> Caller:
     groups = peer_groups(sock)
     if groups is None:  # older kernels: read them now (the pid is still connected to us)
         groups = _proc_groups(pid)
-    return Caller(uid=uid, gid=gid, pid=pid, groups=groups)
+    return Peer(uid=uid, gid=gid, pid=pid, groups=groups)
 
 
 class Denied(PermissionError):
@@ -97,7 +98,7 @@ class Denied(PermissionError):
         super().__init__(code, message)
 
 
-def may(caller: Caller, mode: int, owner_uid: int, owner_gid: int, want: int, is_dir: bool) -> bool:
+def may(caller: Peer, mode: int, owner_uid: int, owner_gid: int, want: int, is_dir: bool) -> bool:
     """Whether ``caller`` has every access in ``want`` (``R|W|X`` bits) on an object with
     permission bits ``mode`` owned by ``owner_uid:owner_gid``, by the kernel's rules: root may
     read and write anything and search any directory, and execute a file only if some ``x``
@@ -138,16 +139,8 @@ def normalize(path: Any) -> str:
 Lookup = Callable[[str], Awaitable[tuple[Kind, int] | tuple[Kind, int, int, int] | None]]
 
 
-@dataclass(frozen=True, slots=True)
-class MountOwner:
-    """Who owns every object of the mount (the mount's owner, as the kernel sees it)."""
-
-    uid: int
-    gid: int
-
-
 async def check_path(
-    caller: Caller, path: str, want: int, owner: MountOwner, lookup: Lookup
+    caller: Peer, path: str, want: int, owner: Owner, lookup: Lookup
 ) -> tuple[Kind, int]:
     """Authorise ``want`` (``R`` or ``W``) on the normalised mount-relative ``path``.
 
@@ -214,7 +207,7 @@ class Denials:
         self.log_interval = log_interval
         self._logged: dict[tuple[int, str], tuple[float, int]] = {}
 
-    def record(self, caller: Caller, op: str, reason: str) -> None:
+    def record(self, caller: Peer, op: str, reason: str) -> None:
         self.by_op[op] += 1
         now = time.monotonic()
         last, quiet = self._logged.get((caller.uid, op), (-1e9, 0))

@@ -13,10 +13,11 @@ import time
 from collections.abc import Callable
 from typing import Any, cast
 
+from airfs.core.attrs import Owner
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, join
 
-from .auth import Caller, MountOwner, R, X, may
+from .auth import Peer, R, X, may
 
 #: the mode the mount shows for ``(path, origin entry)`` (a staged chmod wins)
 ModeOf = Callable[[str, Entry], int]
@@ -30,8 +31,8 @@ class ScopedOrigin:
     def __init__(
         self,
         origin: AsyncOrigin,
-        caller: Caller,
-        owner: MountOwner,
+        caller: Peer,
+        owner: Owner,
         mode_of: ModeOf,
         on_listing: OnListing | None = None,
     ) -> None:

@@ -16,17 +16,19 @@ import errno
 import logging
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 import trio
 
+from airfs.core.attrs import Owner
+
 from .auth import (
-    Caller,
     ConnectionLimit,
     Denials,
     Denied,
     Lookup,
-    MountOwner,
+    Peer,
     R,
     W,
     check_path,
@@ -46,30 +48,49 @@ class Controlled(Protocol):
     paths given; operations that walk a tree (``warm``) must apply the same rules below."""
 
     #: the owner and group the mount reports for every object
-    owner: MountOwner
+    owner: Owner
 
     def status(self) -> dict[str, Any]: ...
 
     async def lookup(self, path: str) -> Any: ...
 
     async def warm(
-        self, paths: list[str], jobs: int, progress: Progress, caller: Caller
+        self, paths: list[str], jobs: int, progress: Progress, caller: Peer
     ) -> dict[str, Any]: ...
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]: ...
 
-    async def flush(self, path: str, progress: Progress, caller: Caller) -> dict[str, Any]: ...
+    async def flush(self, path: str, progress: Progress, caller: Peer) -> dict[str, Any]: ...
 
     async def unmount(self, progress: Progress) -> dict[str, Any]: ...
 
     # governed volumes (optional: a target without them has no catalog)
-    # async def catalog(self, caller: Caller, command: str, args: dict[str, Any]) -> Any
-    # async def govern(self, caller: Caller, op: str, path: str) -> None  (raises OSError)
+    # async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any
+    # async def govern(self, caller: Peer, op: str, path: str) -> None  (raises OSError)
 
 
 #: seconds between two log lines about one uid's bad requests (the rest are counted)
 BAD_LOG_EVERY = 10.0
 _OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount", "catalog"})
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStats:
+    """``ControlServer.statistics()``: connections open now, requests served (in all and by
+    operation), connections refused at the per-uid limit, requests that could not be parsed,
+    and requests denied (in all and by operation)."""
+
+    connections: int
+    requests: int
+    requests_by_op: dict[str, int]
+    refused_connections: int
+    bad_requests: int
+    denied: int
+    denied_by_op: dict[str, int]
+
+    def to_dict(self) -> dict[str, Any]:
+        """As ``airfs status --json`` shows it under ``control``."""
+        return asdict(self)
 
 
 class ControlServer:
@@ -96,20 +117,21 @@ class ControlServer:
         self.bad: collections.Counter[int] = collections.Counter()
         self._bad_logged: dict[int, tuple[float, int]] = {}
 
-    def privileged(self, caller: Caller) -> bool:
+    def privileged(self, caller: Peer) -> bool:
         """Root or the mount's owner."""
         return caller.uid in (0, self.owner_uid)
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "connections": sum(self.limit.open.values()),
-            "requests": sum(self.requests.values()),
-            "requests_by_op": dict(self.requests),
-            "refused_connections": self.limit.refused,
-            "bad_requests": sum(self.bad.values()),
-            "denied": self.denials.total,
-            "denied_by_op": dict(self.denials.by_op),
-        }
+    def statistics(self) -> ControlStats:
+        """A frozen snapshot of the counters (see :class:`ControlStats`)."""
+        return ControlStats(
+            connections=sum(self.limit.open.values()),
+            requests=sum(self.requests.values()),
+            requests_by_op=dict(self.requests),
+            refused_connections=self.limit.refused,
+            bad_requests=sum(self.bad.values()),
+            denied=self.denials.total,
+            denied_by_op=dict(self.denials.by_op),
+        )
 
     async def serve(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Bind (after checking the socket directory), then serve until cancelled; the socket
@@ -176,7 +198,7 @@ class ControlServer:
             return bytes(buf[: buf.index(b"\n")])
         return None
 
-    def _bad_request(self, caller: Caller, exc: BadMessage) -> None:
+    def _bad_request(self, caller: Peer, exc: BadMessage) -> None:
         """Count a request that could not be parsed; log one short line per uid at most every
         :data:`BAD_LOG_EVERY` seconds (with how many were not logged)."""
         self.bad[caller.uid] += 1
@@ -193,7 +215,7 @@ class ControlServer:
             "control: bad request from uid %d pid %d: %s%s", caller.uid, caller.pid, exc, more
         )
 
-    async def _serve_one(self, stream: trio.SocketStream, caller: Caller) -> None:
+    async def _serve_one(self, stream: trio.SocketStream, caller: Peer) -> None:
         try:
             line = await self._read_line(stream)
             if line is None:
@@ -262,7 +284,7 @@ class ControlServer:
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await stream.send_all(encode(reply))
 
-    async def _checked(self, caller: Caller, raw: Any, want: int, op: str) -> str:
+    async def _checked(self, caller: Peer, raw: Any, want: int, op: str) -> str:
         """``raw`` normalised, and authorised for ``want`` unless the caller is root (root
         may read and write anything: nothing is looked up, so that a flush or a warm never
         waits for the origin, or fails while it is down, before it starts); then, on a
@@ -285,12 +307,12 @@ class ControlServer:
             await check_path(caller, path, want, self.target.owner, lookup)
         return path
 
-    async def _dispatch(self, req: dict[str, Any], caller: Caller, progress: Progress) -> Any:
+    async def _dispatch(self, req: dict[str, Any], caller: Peer, progress: Progress) -> Any:
         op = req.get("op")
         t = self.target
 
         async def status() -> Any:
-            out = {**t.status(), "control": self.statistics()}
+            out = {**t.status(), "control": self.statistics().to_dict()}
             return out if self.privileged(caller) else redact(out)
 
         async def warm() -> Any:

@@ -56,7 +56,7 @@ from airfs.writeback.staging import Staged, StagingArea
 
 from .handles import Handle
 from .inodes import InodeTable
-from .readpath import LocalFile, ReadPath
+from .readpath import BackingStats, LocalFile, ReadPath
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class PassthroughStats:
     passthrough_conflicts: int
     passthrough_refused: int
     passthrough_handles: int
-    backing: dict[str, int]
+    backing: BackingStats | None
 
     def to_dict(self) -> dict[str, Any]:
         """Flat, as ``airfs status --json`` shows it under ``fuse``."""
@@ -88,7 +88,8 @@ class PassthroughStats:
             "passthrough_refused": self.passthrough_refused,
             "passthrough_handles": self.passthrough_handles,
         }
-        out.update(self.backing)
+        if self.backing is not None:
+            out.update(self.backing.to_dict())
         return out
 
 

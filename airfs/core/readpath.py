@@ -58,6 +58,24 @@ class DirectStatistics:
         return {"kind": self.kind}
 
 
+@dataclass(frozen=True, slots=True)
+class BackingStats:
+    """The read path's counters of the local files it handed out (:meth:`ReadPath.local_file`):
+    whole-file verifications run and failed, and objects fetched whole to back an open."""
+
+    backing_verifications: int
+    backing_verify_failures: int
+    backing_fetched_whole: int
+
+    def to_dict(self) -> dict[str, int]:
+        """Flat, under these names, as ``airfs status --json`` shows them under ``fuse``."""
+        return {
+            "backing_verifications": self.backing_verifications,
+            "backing_verify_failures": self.backing_verify_failures,
+            "backing_fetched_whole": self.backing_fetched_whole,
+        }
+
+
 class LocalFile(Protocol):
     """A complete, verified local copy of one object version (a cache file) that the kernel
     may serve directly (FUSE passthrough): ``fd`` is valid until :meth:`release`; ``key`` names
@@ -119,8 +137,8 @@ class ReadPath(Protocol):
         none (no cache, not complete). Raises the origin's errors of such a fetch."""
         ...
 
-    def backing_statistics(self) -> dict[str, int]:
-        """Counters of the local files handed out by :meth:`local_file` (empty without a
+    def backing_statistics(self) -> BackingStats | None:
+        """Counters of the local files handed out by :meth:`local_file` (None without a
         cache)."""
         ...
 
@@ -189,8 +207,8 @@ class DirectReadPath:
     async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
         return None
 
-    def backing_statistics(self) -> dict[str, int]:
-        return {}
+    def backing_statistics(self) -> BackingStats | None:
+        return None
 
     async def aclose(self) -> None:
         pass

@@ -19,7 +19,7 @@ import trio
 
 from airfs.catalog.model import RESERVED
 from airfs.catalog.service import CatalogService
-from airfs.control.auth import Caller, MountOwner
+from airfs.control.auth import Peer
 from airfs.control.scope import ScopedOrigin
 from airfs.control.server import Progress
 from airfs.core.context import Caller as CoreCaller
@@ -69,7 +69,7 @@ class Daemon:
         #: the mount's readahead was raised (once the kernel's INIT is answered)
         self.read_ahead = False
         #: who owns every object as the mount reports it (see Filesystem's ``owner``)
-        self.owner = MountOwner(os.getuid(), os.getgid())
+        self.owner = built.fs.owner
 
     # -- control operations -----------------------------------------------------------------
 
@@ -89,18 +89,18 @@ class Daemon:
             "origin_calls": self.origin.statistics().to_dict(),
             "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics().to_dict(),
-            "catalog": self.catalog_service.statistics(),
+            "catalog": self.catalog_service.statistics().to_dict(),
         }
 
-    async def catalog(self, caller: Caller, command: str, args: dict[str, Any]) -> Any:
+    async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any:
         """A catalog command from the control socket, run with the caller's identity."""
         return await self.catalog_service.command(_core(caller), command, args)
 
-    async def govern(self, caller: Caller, op: str, path: str) -> None:
+    async def govern(self, caller: Peer, op: str, path: str) -> None:
         """The catalog's check of a control request (``warm``, ``prefetch``, ``flush``)."""
         await self.catalog_service.check_control(_core(caller), op, path)
 
-    def _privileged(self, caller: Caller) -> bool:
+    def _privileged(self, caller: Peer) -> bool:
         return caller.uid in (0, os.geteuid())
 
     async def lookup(self, path: str) -> tuple[Kind, int, int, int] | None:
@@ -130,7 +130,7 @@ class Daemon:
         return st.mode if st is not None else entry.mode
 
     async def warm(
-        self, paths: list[str], jobs: int, progress: Progress, caller: Caller
+        self, paths: list[str], jobs: int, progress: Progress, caller: Peer
     ) -> dict[str, Any]:
         """Warm ``paths`` (already authorised); below them only what ``caller`` may read.
         The catalog's own files (:data:`~airfs.catalog.model.RESERVED`) are never warmed."""
@@ -154,7 +154,7 @@ class Daemon:
         self.prefetcher.submit(paths)
         return {"queued": len(paths)}
 
-    async def flush(self, path: str, progress: Progress, caller: Caller) -> dict[str, Any]:
+    async def flush(self, path: str, progress: Progress, caller: Peer) -> dict[str, Any]:
         t0 = time.monotonic()
         try:
             out = await self.uploader.flush(path, progress)
@@ -252,5 +252,5 @@ class Daemon:
         )
 
 
-def _core(caller: Caller) -> CoreCaller:
+def _core(caller: Peer) -> CoreCaller:
     return CoreCaller(caller.uid, caller.gid, caller.pid, caller.groups)

@@ -27,7 +27,6 @@ import trio
 
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.server import ControlServer
-from airfs.core.attrs import Owner
 from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.core.warm import BackgroundPrefetch
 from airfs.daemon import heap, memdebug
@@ -192,7 +191,6 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
             staging_size=cfg.staging_size,
             write_wait=cfg.write_wait,
             allow_devices=cfg.allow_devices,
-            owner=Owner(os.getuid(), os.getgid()),
             readpath=functools.partial(make_readpath, cfg),
             rebuild_journal=cfg.rebuild_journal,
             journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",

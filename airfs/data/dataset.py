@@ -30,7 +30,7 @@ from .localcache import LocalCache
 from .resume import STATE_VERSION as STATE_VERSION
 from .resume import LoaderProgress, Progress, check_matches, fresh_state, validated
 from .sharding import Layout, Segment, Uneven
-from .stats import FILES, Counters, new_table, slot_for, summary
+from .stats import FILES, WorkerCounters, new_table, slot_for, summary
 from .stats import DatasetStats as DatasetStats
 
 log = logging.getLogger("airfs.data")
@@ -218,7 +218,7 @@ class VolumeDataset(IterableDataset[str]):
         self._local_progress = progress
         if info is None:
             self._progress_source = progress.state
-        counters = Counters(self._stats, slot_for(worker if info is not None else None))
+        counters = WorkerCounters(self._stats, slot_for(worker if info is not None else None))
         mountpoint = client.find_mount(self.root)
         paths: Iterator[str]
         if mountpoint is not None and self.mount_prefetch:
@@ -349,7 +349,7 @@ class VolumeDataset(IterableDataset[str]):
         )
         return layout, int(state.get("worker_offset", 0)) % layout.num_workers if same else 0
 
-    def _iter_cached(self, entries: list[Entry], counters: Counters) -> Iterator[str]:
+    def _iter_cached(self, entries: list[Entry], counters: WorkerCounters) -> Iterator[str]:
         if self._cache is None:
             self._cache = LocalCache(self.cache_dir, self.cache_max_bytes)
         yield from cached_paths(

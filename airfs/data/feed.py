@@ -11,7 +11,7 @@
   errors propagate at the file they belong to.
 
 Both are generators: closing one cancels the requests or copies not yet started. Both count
-into a :class:`~airfs.data.stats.Counters`.
+into a :class:`~airfs.data.stats.WorkerCounters`.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from ..control import client
 from .listing import Entry
 from .localcache import LocalCache, warn_once
-from .stats import BYTES, COPIES, HITS, PREFETCH, WAIT_NS, Counters
+from .stats import BYTES, COPIES, HITS, PREFETCH, WAIT_NS, WorkerCounters
 
 
 def mount_paths(
-    root: str, entries: Sequence[Entry], mountpoint: str, window: int, counters: Counters
+    root: str, entries: Sequence[Entry], mountpoint: str, window: int, counters: WorkerCounters
 ) -> Iterator[str]:
     """The paths of ``entries`` under ``root`` (on the mount at ``mountpoint``), prefetching."""
     paths = [os.path.join(root, rel) for rel, _, _ in entries]
@@ -68,7 +68,7 @@ def cached_paths(
     *,
     copy_threads: int,
     prefetch_files: int,
-    counters: Counters,
+    counters: WorkerCounters,
 ) -> Iterator[str]:
     """The paths of local copies of ``entries`` under ``root``, in ``cache`` under
     ``namespace``, copied by ``copy_threads`` threads up to ``prefetch_files`` ahead."""

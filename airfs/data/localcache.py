@@ -54,7 +54,7 @@ def copy_from_origin(src: str, dst: str) -> int:
 
 
 @dataclass(frozen=True)
-class CacheStats:
+class LocalCacheStats:
     """What one :class:`LocalCache` object (one process) did."""
 
     hits: int
@@ -164,10 +164,10 @@ class LocalCache:
             self._write_usage(fd, usage)
             return usage
 
-    def stats(self) -> CacheStats:
+    def stats(self) -> LocalCacheStats:
         """What this object did so far."""
         with self._mutex:
-            return CacheStats(
+            return LocalCacheStats(
                 self._hits, self._copies, self._bytes, self._evictions, self._uncached
             )
 

@@ -5,7 +5,7 @@ The counters live in one shared-memory ``int64`` tensor of :data:`SLOTS` rows (m
 :func:`new_table`): row ``i`` belongs to DataLoader worker ``i`` (workers past 255 share row 255),
 row :data:`MAIN_SLOT` to the process that made the dataset; columns are :data:`FILES`,
 :data:`WAIT_NS`, :data:`HITS`, :data:`COPIES`, :data:`BYTES`, :data:`PREFETCH`. Every iterator adds
-to its own row through a :class:`Counters`; :func:`summary` sums the rows into a
+to its own row through a :class:`WorkerCounters`; :func:`summary` sums the rows into a
 :class:`DatasetStats`.
 """
 
@@ -66,7 +66,7 @@ def summary(table: torch.Tensor) -> DatasetStats:
     )
 
 
-class Counters:
+class WorkerCounters:
     """One iterator's counters: summed locally, added to its row of the shared stats tensor
     every 32 files or 50 ms (a tensor update costs tens of microseconds) and at the end."""
 

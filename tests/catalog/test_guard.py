@@ -170,8 +170,8 @@ def test_control_checks_and_why() -> None:
 def test_control_mode_check_takes_each_objects_owner() -> None:
     """The control socket's mode check (warm/flush) uses the owner the mount reports for each
     object (issue 13's per-file owners), falling back to the mount's owner."""
-    from airfs.control.auth import Caller as PeerCaller
-    from airfs.control.auth import Denied, MountOwner, W, check_path
+    from airfs.control.auth import Denied, Peer, W, check_path
+    from airfs.core.attrs import Owner
     from airfs.origin.base import Kind
 
     async def lookup(path: str) -> tuple[Kind, int] | tuple[Kind, int, int, int] | None:
@@ -180,12 +180,12 @@ def test_control_mode_check_takes_each_objects_owner() -> None:
         return (Kind.DIR, 0o755, 1000, 1000) if path == "d" else None
 
     async def main() -> None:
-        owner = MountOwner(0, 0)
-        await check_path(PeerCaller(1000, 1000, 1), "d", W, owner, lookup)
+        owner = Owner(0, 0)
+        await check_path(Peer(1000, 1000, 1), "d", W, owner, lookup)
         with pytest.raises(Denied):
-            await check_path(PeerCaller(1001, 1001, 1), "d", W, owner, lookup)
+            await check_path(Peer(1001, 1001, 1), "d", W, owner, lookup)
         with pytest.raises(Denied):
-            await check_path(PeerCaller(1000, 1000, 1), "", W, owner, lookup)
+            await check_path(Peer(1000, 1000, 1), "", W, owner, lookup)
 
     trio.run(main)
 

@@ -15,16 +15,17 @@ import pytest
 import trio
 
 from airfs.control import auth
-from airfs.control.auth import Caller, Denied, MountOwner, R, W, X, check_path, may, normalize
+from airfs.control.auth import Denied, Peer, R, W, X, check_path, may, normalize
 from airfs.control.protocol import SocketDirError, check_dir, prepare_dir, runtime_dir
 from airfs.control.server import ControlServer
+from airfs.core.attrs import Owner
 from airfs.daemon.process import MountError, prepare_cache_dir
 from airfs.origin.base import Kind
 
-ROOT = Caller(0, 0, 1)
-ALICE = Caller(1001, 1001, 2)
-BOB = Caller(1002, 1002, 3, frozenset({50}))
-OWNER = MountOwner(0, 50)
+ROOT = Peer(0, 0, 1)
+ALICE = Peer(1001, 1001, 2)
+BOB = Peer(1002, 1002, 3, frozenset({50}))
+OWNER = Owner(0, 50)
 
 
 # -- permission bits -------------------------------------------------------------------------
@@ -88,7 +89,7 @@ async def lookup(path: str) -> tuple[Kind, int] | None:
     return TREE.get(path)
 
 
-def check(caller: Caller, path: str, want: int) -> tuple[Kind, int]:
+def check(caller: Peer, path: str, want: int) -> tuple[Kind, int]:
     return trio.run(check_path, caller, path, want, OWNER, lookup)
 
 
@@ -114,7 +115,7 @@ def test_readable_paths_pass_and_report_kind_and_mode() -> None:
         (ROOT, "pub/link/x", R),  # not even root follows links here
     ],
 )
-def test_denied_paths(caller: Caller, path: str, want: int) -> None:
+def test_denied_paths(caller: Peer, path: str, want: int) -> None:
     with pytest.raises(Denied) as ei:
         check(caller, path, want)
     assert ei.value.errno == errno.EACCES
@@ -271,7 +272,7 @@ class FakeDaemon:
     async def lookup(self, path: str) -> tuple[Kind, int] | None:
         return TREE.get(path)
 
-    async def warm(self, paths: list[str], jobs: int, progress: Any, caller: Caller) -> Any:
+    async def warm(self, paths: list[str], jobs: int, progress: Any, caller: Peer) -> Any:
         self.calls.append(("warm", paths))
         return {"files": len(paths)}
 
@@ -279,7 +280,7 @@ class FakeDaemon:
         self.calls.append(("prefetch", paths))
         return {"queued": len(paths)}
 
-    async def flush(self, path: str, progress: Any, caller: Caller) -> dict[str, Any]:
+    async def flush(self, path: str, progress: Any, caller: Peer) -> dict[str, Any]:
         self.calls.append(("flush", path))
         return {"files": 0}
 
@@ -288,7 +289,7 @@ class FakeDaemon:
         return {"drained": True}
 
 
-def dispatch(server: ControlServer, caller: Caller, req: dict[str, Any]) -> Any:
+def dispatch(server: ControlServer, caller: Peer, req: dict[str, Any]) -> Any:
     async def go() -> Any:
         try:
             return await server._dispatch(req, caller, lambda p: None)
@@ -312,8 +313,8 @@ def test_dispatch_authorises_each_operation() -> None:
         with pytest.raises(Denied):
             dispatch(s, ALICE, req)
     assert d.calls == []  # nothing reached the daemon
-    assert s.statistics()["denied"] == 5
-    assert s.statistics()["denied_by_op"] == {"unmount": 1, "warm": 2, "prefetch": 1, "flush": 1}
+    assert s.statistics().denied == 5
+    assert s.statistics().denied_by_op == {"unmount": 1, "warm": 2, "prefetch": 1, "flush": 1}
     assert dispatch(s, ALICE, {"op": "warm", "paths": ["pub/a", "./pub"]}) == {"files": 2}
     assert dispatch(s, ALICE, {"op": "prefetch", "paths": ["pub/a"]}) == {"queued": 1}
     gone = {"op": "prefetch", "paths": ["pub/gone", "pub/a"]}  # hints: a missing path is skipped
