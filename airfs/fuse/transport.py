@@ -9,6 +9,7 @@ unmounted or terminated), ``terminate()``, ``close()`` (unmount), ``statistics()
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable
@@ -148,7 +149,8 @@ class Pyfuse3Transport:
 
 
 class KernelTransport:
-    """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise)."""
+    """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise). The
+    session is made at :meth:`mount`, complete with the device it serves."""
 
     def __init__(self, fs: Filesystem, ttl: float, opts: TransportOptions) -> None:
         from airfs.fuse.kernel import mount as kmount
@@ -156,14 +158,16 @@ class KernelTransport:
         from airfs.fuse.kernel.session import Session
 
         self._kmount = kmount
+        self.fs = fs
         self.fsname = opts.fsname
         self.allow_other = opts.allow_other
         self.mountpoint: str | None = None
         self.fd: int | None = None
-        self.session = Session(
-            -1,
-            fs,
-            ttl,
+        self.session: Session | None = None
+        self._session_on = functools.partial(
+            Session,
+            fs=fs,
+            ttl=ttl,
             on_init=lambda _neg: opts.on_init(),
             pages_limit=max_pages_limit(),
             passthrough=opts.passthrough and kmount.has_cap_sys_admin(),
@@ -179,13 +183,16 @@ class KernelTransport:
         except (self._kmount.MountFailed, OSError) as exc:
             raise TransportError(f"cannot mount on {mountpoint}: {exc}") from None
         self.mountpoint = mountpoint
-        self.session.fd = self.fd
+        self.session = self._session_on(self.fd)
 
     async def main(self) -> None:
+        if self.session is None:
+            raise TransportError("the kernel transport serves nothing before mount()")
         await self.session.run()
 
     def terminate(self) -> None:
-        self.session.stop()
+        if self.session is not None:
+            self.session.stop()
 
     def close(self) -> None:
         if self.mountpoint is not None:
@@ -200,7 +207,11 @@ class KernelTransport:
                 os.close(fd)
 
     def statistics(self) -> SessionStats:
-        return self.session.statistics()
+        if self.session is not None:
+            return self.session.statistics()
+        from airfs.fuse.kernel.session import SessionStats
+
+        return SessionStats.before_mount(self.fs.passthrough.statistics())
 
 
 def make_transport(kind: str, fs: Filesystem, ttl: float, opts: TransportOptions) -> Transport:

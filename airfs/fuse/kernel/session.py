@@ -89,6 +89,11 @@ class SessionStats:
     passthrough: PassthroughStats
     backing_files: int
 
+    @classmethod
+    def before_mount(cls, passthrough: PassthroughStats) -> SessionStats:
+        """The record of a transport that has no session yet (nothing served)."""
+        return cls(None, 0, 0, 0, 0, 0, 0, passthrough, 0)
+
     def to_dict(self) -> dict[str, Any]:
         """Flat, as ``airfs status --json`` shows it under ``fuse`` (the negotiated
         parameters, the counters, the passthrough record's fields)."""
@@ -137,7 +142,6 @@ class Session:
         self.pages_limit = pages_limit
         self.passthrough = passthrough
         self.negotiated: Negotiated | None = None
-        self.minor = proto.KERNEL_MINOR
         self._buf = bytearray(read_buffer_size(pages_limit))
         self._view = memoryview(self._buf)
         self._scopes: dict[int, trio.CancelScope] = {}
@@ -298,13 +302,12 @@ class Session:
             log.error("INIT: %s", exc)
             self._reply_error(req.unique, errno.EINVAL)
             return
-        self.minor = int(neg.protocol.split(".")[1])
         self.negotiated = neg
         self.handlers = Handlers(
             self.fs,
             ttl=self.ttl,
             negative_ttl=self.negative_ttl,
-            minor=self.minor,
+            minor=int(neg.protocol.split(".")[1]),
             backing=BackingIds(self.fd) if self.passthrough and neg.passthrough else None,
         )
         self._handlers = self.handlers.table()
