@@ -106,6 +106,8 @@ class _Mode:
 class _Open:
     ino: int
     passthrough: bool
+    #: the key of the file a passthrough open is served from
+    key: str | None = None
     #: a passthrough writer's staged version (synced from its file)
     staged: Staged | None = None
     #: a pinned cache file
@@ -141,6 +143,8 @@ class Passthrough:
         #: passthrough writers per staged version, and its file's (size, mtime_ns) last seen
         self._writers: dict[Staged, int] = {}
         self._seen: dict[Staged, tuple[int, int]] = {}
+        #: passthrough opens per key (what :meth:`holds` answers)
+        self._keys: collections.Counter[str] = collections.Counter()
         self.counts: collections.Counter[str] = collections.Counter()
 
     # -- the open-time decision ----------------------------------------------------------------
@@ -179,7 +183,8 @@ class Passthrough:
                 self.inodes.detach(h.node)
             raise OSError(errno.ESTALE, f"inode {ino}: its open files hold other bytes")
         mode.opens += 1
-        rec = _Open(ino, True, local=cand.local)
+        self._keys[cand.key] += 1
+        rec = _Open(ino, True, cand.key, local=cand.local)
         if h.writable and h.staged is not None:
             st = rec.staged = h.staged
             self._writers[st] = self._writers.get(st, 0) + 1
@@ -282,7 +287,25 @@ class Passthrough:
             if mode.opens <= 0:
                 del self._modes[rec.ino]
 
+    def key_of(self, fh: int) -> str | None:
+        """The key of the file the open ``fh`` passes through; None when it is served by the
+        daemon (or not open)."""
+        rec = self._opens.get(fh)
+        return rec.key if rec is not None and rec.passthrough else None
+
+    def holds(self, key: str) -> bool:
+        """Whether an open handle still passes through the file named ``key``: a transport
+        that registered that file with the kernel keeps it registered while this is True
+        (the kernel looks it up at every open that joins it) and drops it after. The one
+        count of passthrough opens is this one."""
+        return self._keys[key] > 0
+
     def _drop(self, rec: _Open) -> None:
+        if rec.key is not None:
+            self._keys[rec.key] -= 1
+            if self._keys[rec.key] <= 0:
+                del self._keys[rec.key]
+            rec.key = None
         st = rec.staged
         if st is not None:
             rec.staged = None
@@ -307,4 +330,3 @@ class Passthrough:
             passthrough_handles=sum(1 for r in self._opens.values() if r.passthrough),
             backing=self.readpath.backing_statistics(),
         )
-

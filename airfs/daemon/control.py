@@ -88,7 +88,7 @@ class Daemon:
             "journal": dataclasses.asdict(self.area.disk.statistics()),
             "origin_calls": self.origin.statistics().to_dict(),
             "prefetch": self.prefetcher.statistics().to_dict(),
-            "fuse": self.transport.statistics(),
+            "fuse": self.transport.statistics().to_dict(),
             "catalog": self.catalog_service.statistics().to_dict(),
         }
 
@@ -248,7 +248,7 @@ class Daemon:
             writeback=self.uploader.statistics(),
             origin=self.origin.statistics(),
             prefetch=self.prefetcher.statistics(),
-            transport=self.transport.statistics(),
+            transport=self.transport.statistics().to_dict(),
         )
 
 

@@ -7,7 +7,6 @@ state and no logic live here.
 
 from __future__ import annotations
 
-import errno
 import functools
 import logging
 import os
@@ -19,7 +18,7 @@ import pyfuse3
 from airfs.core.attrs import Attr
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
-from airfs.fuse.policy import NAME_MAX, attr_timeout, entry_timeout, error_level
+from airfs.fuse.policy import attr_timeout, entry_timeout, failure_errno, statvfs
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +39,8 @@ def replies(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
             return await fn(*args, **kwargs)
         except pyfuse3.FUSEError:
             raise
-        except OSError as exc:
-            code = exc.errno or errno.EIO
-            log.log(error_level(code), "%s: %s", fn.__name__, exc)
-            raise pyfuse3.FUSEError(code) from None
-        except Exception:
-            log.exception("%s failed", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from None
+        except Exception as exc:
+            raise pyfuse3.FUSEError(failure_errno(log, fn.__name__, exc)) from None
 
     return wrapper
 
@@ -212,17 +206,17 @@ class FuseOps(pyfuse3.Operations):
 
     @replies
     async def statfs(self, ctx: Any) -> Any:
-        s = await self.fs.statfs()
+        s = statvfs(await self.fs.statfs())
         out = pyfuse3.StatvfsData()
-        out.f_bsize = s.block_size
-        out.f_frsize = s.block_size
-        out.f_blocks = s.total_blocks
-        out.f_bfree = s.free_blocks
-        out.f_bavail = s.free_blocks
-        out.f_files = s.total_files
-        out.f_ffree = s.free_files
-        out.f_favail = s.free_files
-        out.f_namemax = NAME_MAX
+        out.f_bsize = s.bsize
+        out.f_frsize = s.frsize
+        out.f_blocks = s.blocks
+        out.f_bfree = s.bfree
+        out.f_bavail = s.bavail
+        out.f_files = s.files
+        out.f_ffree = s.ffree
+        out.f_favail = s.favail
+        out.f_namemax = s.namemax
         return out
 
     @replies

@@ -1,17 +1,28 @@
 """What both transports (the kernel one and the pyfuse3 adapter) answer alike: how long the
-kernel may keep an entry or attributes, and how loudly a core error is logged. One place, so
-that the two adapters stay thin and cannot drift apart."""
+kernel may keep an entry or attributes, which errno a failed request gets and how loudly it
+is logged, and what statfs reports. One place, so that the two adapters stay thin and cannot
+drift apart."""
 
 from __future__ import annotations
 
 import errno
 import logging
 import stat
+from dataclasses import dataclass
 
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
+from airfs.origin.base import FsStats
 
-__all__ = ["NAME_MAX", "attr_timeout", "entry_timeout", "error_level"]
+__all__ = [
+    "NAME_MAX",
+    "Statvfs",
+    "attr_timeout",
+    "entry_timeout",
+    "error_level",
+    "failure_errno",
+    "statvfs",
+]
 
 #: the longest name, as statfs reports it
 NAME_MAX = 255
@@ -34,3 +45,47 @@ def error_level(code: int) -> int:
     """The log level of a request that failed with ``code``: EIO and ENOSPC are the
     daemon's own failures (errors); every other errno is the answer to a request (debug)."""
     return logging.ERROR if code in (errno.EIO, errno.ENOSPC) else logging.DEBUG
+
+
+def failure_errno(log: logging.Logger, op: str, exc: Exception) -> int:
+    """The errno to answer the request ``op`` that raised ``exc``, logged on ``log``: an
+    ``OSError``'s own errno (EIO if it has none) at :func:`error_level`; anything else is a
+    bug, logged with its traceback and answered EIO."""
+    if isinstance(exc, OSError):
+        code = exc.errno or errno.EIO
+        log.log(error_level(code), "%s: %s", op, exc)
+        return code
+    log.error("%s failed", op, exc_info=exc)
+    return errno.EIO
+
+
+@dataclass(frozen=True, slots=True)
+class Statvfs:
+    """What ``statfs`` answers, in ``statvfs(3)``'s terms: blocks of ``frsize`` bytes (also
+    the preferred I/O size), the free counts also available to unprivileged callers (the
+    core keeps no reserve), names up to :data:`NAME_MAX` bytes."""
+
+    bsize: int
+    frsize: int
+    blocks: int
+    bfree: int
+    bavail: int
+    files: int
+    ffree: int
+    favail: int
+    namemax: int
+
+
+def statvfs(s: FsStats) -> Statvfs:
+    """The reply of ``statfs`` from the core's :class:`FsStats`."""
+    return Statvfs(
+        bsize=s.block_size,
+        frsize=s.block_size,
+        blocks=s.total_blocks,
+        bfree=s.free_blocks,
+        bavail=s.free_blocks,
+        files=s.total_files,
+        ffree=s.free_files,
+        favail=s.free_files,
+        namemax=NAME_MAX,
+    )

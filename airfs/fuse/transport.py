@@ -9,16 +9,28 @@ unmounted or terminated), ``terminate()``, ``close()`` (unmount), ``statistics()
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from airfs.core.fs import Filesystem
 from airfs.fuse import TRANSPORTS
 
-__all__ = ["TRANSPORTS", "Transport", "TransportError", "TransportOptions", "make_transport"]
+if TYPE_CHECKING:
+    from airfs.fuse.kernel.session import SessionStats
+
+__all__ = [
+    "TRANSPORTS",
+    "Pyfuse3Stats",
+    "Transport",
+    "TransportError",
+    "TransportOptions",
+    "TransportStats",
+    "make_transport",
+]
 
 log = logging.getLogger(__name__)
 
@@ -27,12 +39,27 @@ class TransportError(Exception):
     """Mounting failed (one-line reason)."""
 
 
+class TransportStats(Protocol):
+    """A transport's statistics record (frozen), shown flat by ``airfs status --json``
+    under ``fuse``; its ``transport`` key names the transport."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Pyfuse3Stats:
+    """``Pyfuse3Transport.statistics()``: libfuse counts nothing for us."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"transport": "pyfuse3"}
+
+
 class Transport(Protocol):
     def mount(self, mountpoint: str) -> None: ...
     async def main(self) -> None: ...
     def terminate(self) -> None: ...
     def close(self) -> None: ...
-    def statistics(self) -> dict[str, Any]: ...
+    def statistics(self) -> TransportStats: ...
 
 
 @dataclass(frozen=True)
@@ -117,12 +144,13 @@ class Pyfuse3Transport:
             with contextlib.suppress(Exception):
                 pyfuse3.close(unmount=True)
 
-    def statistics(self) -> dict[str, Any]:
-        return {"transport": "pyfuse3"}
+    def statistics(self) -> Pyfuse3Stats:
+        return Pyfuse3Stats()
 
 
 class KernelTransport:
-    """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise)."""
+    """The kernel protocol on /dev/fuse (mount(2) as root, fusermount3 otherwise). The
+    session is made at :meth:`mount`, complete with the device it serves."""
 
     def __init__(self, fs: Filesystem, ttl: float, opts: TransportOptions) -> None:
         from airfs.fuse.kernel import mount as kmount
@@ -130,14 +158,16 @@ class KernelTransport:
         from airfs.fuse.kernel.session import Session
 
         self._kmount = kmount
+        self.fs = fs
         self.fsname = opts.fsname
         self.allow_other = opts.allow_other
         self.mountpoint: str | None = None
         self.fd: int | None = None
-        self.session = Session(
-            -1,
-            fs,
-            ttl,
+        self.session: Session | None = None
+        self._session_on = functools.partial(
+            Session,
+            fs=fs,
+            ttl=ttl,
             on_init=lambda _neg: opts.on_init(),
             pages_limit=max_pages_limit(),
             passthrough=opts.passthrough and kmount.has_cap_sys_admin(),
@@ -153,13 +183,16 @@ class KernelTransport:
         except (self._kmount.MountFailed, OSError) as exc:
             raise TransportError(f"cannot mount on {mountpoint}: {exc}") from None
         self.mountpoint = mountpoint
-        self.session.fd = self.fd
+        self.session = self._session_on(self.fd)
 
     async def main(self) -> None:
+        if self.session is None:
+            raise TransportError("the kernel transport serves nothing before mount()")
         await self.session.run()
 
     def terminate(self) -> None:
-        self.session.stop()
+        if self.session is not None:
+            self.session.stop()
 
     def close(self) -> None:
         if self.mountpoint is not None:
@@ -173,8 +206,12 @@ class KernelTransport:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def statistics(self) -> dict[str, Any]:
-        return self.session.statistics()
+    def statistics(self) -> SessionStats:
+        if self.session is not None:
+            return self.session.statistics()
+        from airfs.fuse.kernel.session import SessionStats
+
+        return SessionStats.before_mount(self.fs.passthrough.statistics())
 
 
 def make_transport(kind: str, fs: Filesystem, ttl: float, opts: TransportOptions) -> Transport:

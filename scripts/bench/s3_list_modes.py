@@ -25,10 +25,10 @@ def main(sizes: list[int]) -> None:
             url = srv.url(f"bench-{n}")
             writer = S3Origin.from_url(url, env=srv.env)
             for i in range(n):  # written by "another tool": no airfs-mode metadata
-                obstore.put(writer._store, f"d/f{i:06d}", b"x" * 100)
+                obstore.put(writer.client.store, f"d/f{i:06d}", b"x" * 100)
             fresh = S3Origin.from_url(url, env=srv.env)
             t0 = time.perf_counter()
-            obstore.list_with_delimiter(fresh._store, "d")
+            obstore.list_with_delimiter(fresh.client.store, "d")
             bare = time.perf_counter() - t0
             t0 = time.perf_counter()
             first = fresh.list("d")

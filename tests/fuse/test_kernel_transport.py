@@ -228,16 +228,16 @@ async def test_fusermount3_mount_serves_a_real_core(tmp_path: Path) -> None:
 
 
 async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None:
-    """The kernel side of passthrough: a core that names a local file for a handle (here a
-    test subclass answering for read-only opens of a directory origin, standing in for the
-    core's cache-file query) gets FOPEN_PASSTHROUGH opens whose reads and mmap never reach
-    the daemon."""
+    """The kernel side of passthrough: the core names a local file for a handle (here a read
+    path whose "cache file" of an object is the directory origin's file itself, standing in
+    for the block cache's) and the open gets FOPEN_PASSTHROUGH, whose reads and mmap never
+    reach the daemon; two opens share one backing id, dropped at the last RELEASE."""
     import mmap
 
     import trio
 
     from airfs.core.fs import Filesystem
-    from airfs.core.readpath import DirectReadPath
+    from airfs.core.readpath import DirectReadPath, LocalFile, ObjectRef
     from airfs.fuse.kernel import mount as kmount
     from airfs.fuse.kernel.session import Session
     from airfs.origin.aio import AsyncOrigin
@@ -253,30 +253,38 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
     (tmp_path / "mnt").mkdir()
     mnt = str(tmp_path / "mnt")
 
-    class LocalBytes(Filesystem):
-        async def passthrough_source(
-            self, fh: int, *, rdwr: bool = False
-        ) -> tuple[int, str] | None:
-            h = self.handles[fh]
-            if h.writable or h.node.path is None:
-                return None
-            fd = os.open(odir / h.node.path, os.O_RDONLY | os.O_CLOEXEC)
-            self.fds.append(fd)
-            return fd, f"origin:{h.node.path}"
+    class OriginFile:
+        def __init__(self, obj: ObjectRef) -> None:
+            self.fd = os.open(odir / obj.path, os.O_RDONLY | os.O_CLOEXEC)
+            self.key = f"origin:{obj.path}:{obj.version}"
+
+        def release(self) -> None:
+            os.close(self.fd)
+
+    class LocalOrigin(DirectReadPath):
+        async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+            return OriginFile(obj)
 
     sync = PosixOrigin(str(odir))
     origin = AsyncOrigin(sync)
     area = StagingArea(str(tmp_path / "cache"), limit=1 << 30, min_free=0)
-    fs = LocalBytes(origin, DirectReadPath(origin), area, await origin.stat(""), ttl=1.0)
-    fs.fds = []  # type: ignore[attr-defined]
+    fs = Filesystem(origin, LocalOrigin(origin), area, await origin.stat(""), ttl=1.0)
     fd = kmount.mount(mnt, fsname="airfs-test", via="mount2")
     session = Session(fd, fs, 1.0, passthrough=True)
 
+    backing_files: list[int] = []
+
     def read_and_map() -> tuple[bytes, bytes]:
-        with open(tmp_path / "mnt" / "data.bin", "rb") as f:
+        with (
+            open(tmp_path / "mnt" / "data.bin", "rb") as f,
+            open(tmp_path / "mnt" / "data.bin", "rb") as g,
+        ):
             whole = f.read()
-            with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as m:
+            with mmap.mmap(g.fileno(), 0, prot=mmap.PROT_READ) as m:
                 tail = m[-4096:]
+            backing_files.append(
+                trio.from_thread.run_sync(lambda: session.statistics().backing_files)
+            )
         return whole, tail
 
     try:
@@ -285,16 +293,18 @@ async def test_passthrough_open_reads_without_the_daemon(tmp_path: Path) -> None
             whole, tail = await trio.to_thread.run_sync(read_and_map)
             assert session.negotiated is not None and session.negotiated.passthrough
             assert whole == data and tail == data[-4096:]
-            assert session.counts["passthrough_opens"] == 1
+            stats = session.statistics()
+            assert stats.passthrough.passthrough_opens == 2 and backing_files == [1]
             assert fs.ops["read"] == 0  # every byte came from the backing file in the kernel
+            with trio.fail_after(10):  # the RELEASEs are asynchronous
+                while session.statistics().backing_files:
+                    await trio.sleep(0.01)
             await trio.to_thread.run_sync(lambda: kmount.unmount(mnt, via="mount2"))
             with trio.fail_after(10):
                 await session._done.wait()
     finally:
         if is_mounted(mnt):
             subprocess.run(["umount", "-l", mnt], capture_output=True)
-        for f in fs.fds:  # type: ignore[attr-defined]
-            os.close(f)
         os.close(fd)
         area.close()
         sync.close()

@@ -535,7 +535,7 @@ def test_s3_objects_of_other_tools_get_the_configured_mode(node: Node, users: li
     from airfs.origin.s3 import S3Origin
 
     assert isinstance(node.view, S3Origin)
-    obstore.put(node.view._store, "foreign.bin", b"no airfs-mode metadata")
+    obstore.put(node.view.client.store, "foreign.bin", b"no airfs-mode metadata")
     teardown(node.m)
     args = ["--s3-endpoint", node.env["AWS_ENDPOINT_URL"], "--s3-default-mode", "600"]
     m = mount(node.spec, node.mnt, node.base / "cache", *args, env=node.env)

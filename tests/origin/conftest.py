@@ -88,7 +88,7 @@ def case(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Case]:
         origin = s3
         c = Case("s3", origin, scratch, symlinks=False, modes=True, strict_parents=False)
         # SeaweedFS drops the metadata of directory markers (AWS S3 and MinIO keep it)
-        c.dir_attrs = s3._marker_meta_kept()
+        c.dir_attrs = s3.client.marker_meta_kept()
     try:
         yield c
     finally:

@@ -98,7 +98,7 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
     src.write_bytes(b"private")
     a.put("d/p", str(src), None, mode=0o600)
     a.put("d/q", str(src), None, mode=0o640)
-    obstore.put(a._store, "d/foreign", b"written by another tool")  # no mode metadata
+    obstore.put(a.client.store, "d/foreign", b"written by another tool")  # no mode metadata
 
     def other(**kwargs: object) -> S3Origin:  # another node: nothing known yet
         return S3Origin.from_url(a.url, env=seaweed.env, **kwargs)

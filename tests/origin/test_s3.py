@@ -63,8 +63,8 @@ def names(origin: S3Origin, path: str = "") -> dict[str, Kind]:
 def raw_keys(srv: SeaweedServer, prefix: str) -> list[str]:
     """Every key under ``prefix`` exactly as stored (markers keep their trailing slash)."""
     origin = S3Origin.from_url(srv.url(), env=srv.env)
-    assert origin._raw is not None
-    return sorted(k for k, *_ in origin._raw.list_keys(prefix, "test"))
+    assert origin.client.raw is not None
+    return sorted(k for k, *_ in origin.client.raw.list_keys(prefix, "test"))
 
 
 # -- from_url and its check --------------------------------------------------------------------
@@ -186,8 +186,8 @@ def test_objects_from_other_tools_in_implied_directories(
     assert names(o, "table") == {"_delta_log": Kind.DIR}
 
     # a marker written by another tool (S3 console style) is a directory too
-    assert o._raw is not None
-    o._raw.request("PUT", f"{p}/console-folder/", "test")
+    assert o.client.raw is not None
+    o.client.raw.request("PUT", f"{p}/console-folder/", "test")
     assert o.stat("console-folder").kind is Kind.DIR
     assert names(o, "console-folder") == {}
 
@@ -303,7 +303,7 @@ def test_without_a_signing_client(
     o = s3_origin_factory()
     o.mkdir("d")
     put_file(tmp_path, o, "implied/f", b"x")
-    o._raw = None
+    o.client.raw = None
     assert o.stat("d").kind is Kind.DIR
     assert o.stat("implied").kind is Kind.DIR
     assert names(o) == {"d": Kind.DIR, "implied": Kind.DIR}
@@ -360,10 +360,10 @@ def test_stale_multipart_uploads_are_aborted(seaweed: SeaweedServer) -> None:
     prefix = f"mp-{uuid.uuid4().hex[:8]}"
     o = S3Origin.from_url(seaweed.url(prefix), env=seaweed.env)
     other = S3Origin.from_url(seaweed.url(f"{prefix}-other"), env=seaweed.env)
-    assert o._raw is not None
+    assert o.client.raw is not None
     for origin, key in ((o, f"{prefix}/big.bin"), (other, f"{prefix}-other/x.bin")):
-        assert origin._raw is not None
-        origin._raw.request("POST", key, "test", {"uploads": ""})
+        assert origin.client.raw is not None
+        origin.client.raw.request("POST", key, "test", {"uploads": ""})
     assert o.abort_stale_uploads(older_than_s=3600) == 0  # too recent
     assert o.abort_stale_uploads(older_than_s=0) == 1
     assert o.abort_stale_uploads(older_than_s=0) == 0
@@ -377,15 +377,15 @@ def test_deleted_and_renamed_keys_are_not_remembered(
     per object) follow the keys that exist: a deleted key or a renamed-away one is forgotten
     (issue 11, "Memory": rounds of create + delete must not grow the daemon)."""
     o = s3_origin_factory()
-    before = len(o._known)
+    before = len(o.client.known)
     for i in range(10):
         put_file(tmp_path, o, f"f{i}", b"x" * i)
-    assert len(o._known) == before + 10
+    assert len(o.client.known) == before + 10
     for i in range(5):
         o.delete(f"f{i}")
     for i in range(5, 10):
         o.rename(f"f{i}", f"g{i}")
-    assert {p for p in o._known if p.startswith("f")} == set()
+    assert {p for p in o.client.known if p.startswith("f")} == set()
     for i in range(5, 10):
         o.delete(f"g{i}")
-    assert len(o._known) == before
+    assert len(o.client.known) == before

@@ -34,7 +34,7 @@ def test_owners_and_mtimes_are_in_the_metadata_for_every_node(
 ) -> None:
     a = s3_origin_factory()
     put(tmp_path, a, "f", b"x", uid=1234, gid=5678, mode=0o640, mtime_ns=1_234_567_890_123)
-    obstore.put(a._store, "foreign", b"written by another tool")  # no airfs metadata
+    obstore.put(a.client.store, "foreign", b"written by another tool")  # no airfs metadata
     b = S3Origin.from_url(a.url, env=seaweed.env)  # another node: nothing known yet
     try:
         st = b.stat("f")
@@ -45,7 +45,7 @@ def test_owners_and_mtimes_are_in_the_metadata_for_every_node(
         foreign = b.stat("foreign")
         assert (foreign.uid, foreign.gid, foreign.mode) == (None, None, 0o644)
         # its Last-Modified (whole seconds), not "now"
-        last_modified = obstore.head(a._store, "foreign")["last_modified"]
+        last_modified = obstore.head(a.client.store, "foreign")["last_modified"]
         assert foreign.mtime_ns == int(last_modified.timestamp()) * 1_000_000_000
         # a change made on node b right after a listing on node a (within the same second
         # of Last-Modified, which a metadata copy changes while the ETag stays): a's next
@@ -85,12 +85,12 @@ def test_set_attrs_does_not_overwrite_a_version_it_did_not_see(
     # the metadata copy is conditional on the ETag stat saw: a real set_attrs re-stats, so
     # provoke the race by asking for the copy of the version seen before
     with pytest.raises(Conflict):
-        a._raw.request(  # type: ignore[union-attr]
+        a.client.raw.request(  # type: ignore[union-attr]
             "PUT",
-            a._key("f"),
+            a.client.key("f"),
             "test",
             headers={
-                "x-amz-copy-source": a._copy_source("f"),
+                "x-amz-copy-source": a.client.copy_source("f"),
                 "x-amz-metadata-directive": "REPLACE",
                 "x-amz-copy-source-if-match": e.version,
             },

@@ -301,7 +301,7 @@ async def test_lookup_getattr_read_over_the_loop(tmp_path: Path) -> None:
         assert err == 0
         err, out = await k.call(Op.LOOKUP, ROOT_INO, b"missing\0")
         assert err == 0 and u64(out, 0) == 0 and u64(out, 16) == 5  # negative entry, TTL 5 s
-        assert session.counts["requests"] >= 7
+        assert session.statistics().requests >= 7
 
 
 async def test_create_write_readdirplus(tmp_path: Path) -> None:
@@ -358,7 +358,7 @@ async def test_unknown_and_garbled_requests_do_not_stop_the_loop(tmp_path: Path)
         k.send_raw(request(Op.INTERRUPT, 602, 0, struct.pack("<Q", 101)))
         err, out = await k.call(Op.STATFS, 1)
         assert err == 0 and len(out) == 80
-        assert session.counts["errors"] >= 3
+        assert session.statistics().errors >= 3
 
 
 async def test_interrupt_cancels_a_waiting_request(tmp_path: Path) -> None:
@@ -371,16 +371,16 @@ async def test_interrupt_cancels_a_waiting_request(tmp_path: Path) -> None:
         ino, fh = u64(out, 0), u64(out, 128)
         body = proto.WRITE_IN.pack(fh, 0, 3, 0, 0, 0, 0) + b"abc"
         assert (await k.call(Op.WRITE, ino, body))[0] == 0
-        tasks = session.counts["tasks"]
+        tasks = session.statistics().tasks
         k.unique += 1
         target = k.unique
         k.send_raw(request(Op.FSYNC, target, ino, proto.FSYNC_IN.pack(fh, 0, 0)))
         # other requests are served while it waits
         assert (await k.call(Op.STATFS, 1))[0] == 0
-        assert k.nothing_pending() and session.counts["tasks"] > tasks
+        assert k.nothing_pending() and session.statistics().tasks > tasks
         k.send_raw(request(Op.INTERRUPT, 999, 0, struct.pack("<Q", target)))
         assert (await k.reply(target))[0] == -errno.EINTR
-        assert session.counts["interrupts"] == 1
+        assert session.statistics().interrupts == 1
         assert (await k.call(Op.RELEASE, ino, proto.RELEASE_IN.pack(fh, 0, 0, 0)))[0] == 0
 
 

@@ -132,3 +132,34 @@ async def test_changed_content_under_a_passthrough_open_gets_estale_and_a_new_in
         await fs.release(writer)
         await fs.release(reader)
         assert fs.passthrough.statistics().passthrough_conflicts == 1
+
+
+async def test_the_core_counts_the_opens_of_a_backing_file_for_the_transport(
+    tmp_path: Path,
+) -> None:
+    """The transport keeps a backing id per file key while :meth:`Passthrough.holds` says an
+    open passes through it: the core's count, across joins, refusals and releases."""
+    async with core(tmp_path, upload=False) as (b, _):
+        fs = b.fs
+        pt = fs.passthrough
+        fh, attr = await fs.create(ROOT_INO, "f", 0o644, W | os.O_CREAT)
+        await fs.write(fh, 0, b"abc")
+        await fs.flush(fh)
+        await fs.release(fh)
+        r1, _ = await fs.open(attr.ino, R)
+        r2, _ = await fs.open(attr.ino, R)
+        r3, _ = await fs.open(attr.ino, R)
+        s1 = await fs.passthrough_source(r1)
+        assert s1 is not None
+        key = s1[1]
+        assert await fs.passthrough_source(r2) == s1  # joins the same file
+        assert await fs.passthrough_source(r3) == s1
+        assert pt.key_of(r1) == pt.key_of(r2) == key and pt.holds(key)
+        pt.refused(r3)  # the kernel would not take it for r3: served by the daemon
+        assert pt.key_of(r3) is None and pt.holds(key)
+        await fs.release(r1)
+        assert pt.holds(key)  # r2 still passes through it
+        await fs.release(r2)
+        assert not pt.holds(key) and pt.key_of(r2) is None
+        await fs.release(r3)
+        assert not pt.holds(key)

@@ -1,9 +1,10 @@
 """The request handlers of the kernel transport: unpack a request's arguments, call the core
 exactly as the pyfuse3 adapter does, pack the reply (``OSError`` propagates to the session,
-which answers ``-errno``). No file-system state lives here; the only bookkeeping is the backing
-ids of passthrough opens: one per inode, shared by its concurrent passthrough opens (the core
-decides which opens pass through and guarantees they name one file per inode), registered at
-the first and closed at the RELEASE of the last.
+which answers ``-errno``). No file-system state lives here. What the transport must hold
+because only it talks to the kernel: the backing ids of passthrough opens
+(:class:`~.passthrough.BackingIds`, keyed by the core's name of the file; the core decides
+which opens pass through and counts them), and the signature of the listing the kernel may
+hold in each directory's page cache (what the kernel holds, not what the core holds).
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import trio
 
 from airfs.core.attrs import Attr
 from airfs.core.fs import Filesystem
-from airfs.fuse.policy import NAME_MAX, attr_timeout, entry_timeout
+from airfs.fuse.policy import attr_timeout, entry_timeout, statvfs
 
 from . import proto
-from .negotiate import Negotiated
-from .passthrough import close_backing, open_backing
+from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
 
 log = logging.getLogger(__name__)
@@ -35,24 +35,35 @@ NO_REPLY: Any = object()
 DIR_SIGNATURES_MAX = 4096
 
 
+Handler = Callable[[Request], Coroutine[Any, Any, Any]]
+
+
 class Handlers:
-    """Mixed into :class:`~.session.Session`, which sets these attributes."""
+    """The handlers of one session, made once INIT settled the protocol: ``minor`` (the
+    kernel's protocol minor: the size of a WRITE's header), ``backing`` (the backing ids of
+    passthrough opens, on the device; None when passthrough was not negotiated); ``ttl``
+    and ``negative_ttl`` are the entry/attribute and negative-entry timeouts."""
 
-    fd: int
-    fs: Filesystem
-    ttl: float
-    negative_ttl: float
-    minor: int
-    negotiated: Negotiated | None
-    counts: dict[str, int]
-    #: file handle -> inode of each passthrough open; inode -> [key, backing id, opens]
-    _backing_ids: dict[int, int]
-    _inode_backing: dict[int, list[Any]]
-    #: directory inode -> signature of the listing the kernel may hold in its cache
-    _dir_sigs: dict[int, int]
-    passthrough: bool
+    def __init__(
+        self,
+        fs: Filesystem,
+        *,
+        ttl: float,
+        negative_ttl: float,
+        minor: int,
+        backing: BackingIds | None,
+    ) -> None:
+        self.fs = fs
+        self.ttl = ttl
+        self.negative_ttl = negative_ttl
+        self.minor = minor
+        self.backing = backing
+        #: directory inode -> signature of the listing the kernel may hold in its cache
+        self._dir_sigs: dict[int, int] = {}
+        #: directory opens that let the kernel keep its cached listing
+        self.dir_cache_kept = 0
 
-    def handler_table(self) -> dict[int, Callable[[Request], Coroutine[Any, Any, Any]]]:
+    def table(self) -> dict[int, Handler]:
         """The handler of each opcode served through the core (others: see the session)."""
         return {
             Op.LOOKUP: self._lookup,
@@ -212,21 +223,21 @@ class Handlers:
         out = proto.FOPEN_KEEP_CACHE if keep else 0
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
-        backing = await self._backing(fh, req.nodeid, flags)
+        backing = await self._backing(fh, flags)
         if backing is None:
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
         out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
         return proto.open_out(fh, out, backing)
 
-    async def _backing(self, fh: int, ino: int, flags: int) -> int | None:
-        """The backing id for the just-opened handle ``fh`` of inode ``ino`` when passthrough
-        was negotiated and the core names a local file holding all of the handle's bytes;
-        None to serve it through the daemon. The id is the inode's (registered at its first
-        passthrough open: the opener looks it up after our reply, so it stays registered
-        until the RELEASE of the inode's last passthrough open). An error of the core's query
+    async def _backing(self, fh: int, flags: int) -> int | None:
+        """The backing id for the just-opened handle ``fh`` when passthrough was negotiated
+        and the core names a local file holding all of the handle's bytes; None to serve it
+        through the daemon. The id is the file's (registered at the first open the core
+        passes through it: the opener looks it up after our reply, so it stays registered
+        until the core says no open holds it, at a RELEASE). An error of the core's query
         (ESTALE) releases ``fh`` and propagates."""
-        if not self.passthrough or self.negotiated is None or not self.negotiated.passthrough:
+        if self.backing is None:
             return None
         try:
             rdwr = flags & os.O_ACCMODE == os.O_RDWR
@@ -238,35 +249,18 @@ class Handlers:
         if src is None:
             return None
         fd, key = src
-        have = self._inode_backing.get(ino)
-        if have is not None and have[0] != key:  # the core guarantees this never happens
-            log.error("inode %d: passthrough of %s while %s is its backing file", ino, key, have[0])
+        try:
+            return self.backing.id_for(key, fd)
+        except OSError as exc:
+            log.warning("passthrough refused (%s); serving through the daemon", exc)
             self.fs.passthrough.refused(fh)
             return None
-        if have is None:
-            try:
-                backing = open_backing(self.fd, fd)
-            except OSError as exc:
-                log.warning("passthrough refused (%s); serving through the daemon", exc)
-                self.fs.passthrough.refused(fh)
-                return None
-            have = self._inode_backing[ino] = [key, backing, 0]
-        have[2] += 1
-        self._backing_ids[fh] = ino
-        self.counts["passthrough_opens"] += 1
-        return int(have[1])
-
-    def _close_backing(self, backing: int) -> None:
-        try:
-            close_backing(self.fd, backing)
-        except OSError as exc:
-            log.warning("closing backing id %d: %s", backing, exc)
 
     async def _create(self, req: Request) -> Payload:
         flags, mode, _umask, _ = proto.unpack(proto.CREATE_IN, req.body, "CREATE")
         nm = proto.name(req.body, proto.CREATE_IN.size)
         fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
-        backing = await self._backing(fh, a.ino, flags)
+        backing = await self._backing(fh, flags)
         if backing is None:
             return [self._entry(a), proto.open_out(fh, 0)]
         return [self._entry(a), proto.open_out(fh, proto.FOPEN_PASSTHROUGH, backing)]
@@ -292,14 +286,13 @@ class Handlers:
 
     async def _release(self, req: Request) -> Payload:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
-        ino = self._backing_ids.pop(fh, None)
-        have = self._inode_backing.get(ino) if ino is not None else None
-        if ino is not None and have is not None:
-            have[2] -= 1
-            if have[2] <= 0:
-                del self._inode_backing[ino]
-                self._close_backing(int(have[1]))
-        await self.fs.release(fh)
+        pt = self.fs.passthrough
+        key = pt.key_of(fh) if self.backing is not None else None
+        try:
+            await self.fs.release(fh)
+        finally:
+            if key is not None and self.backing is not None and not pt.holds(key):
+                self.backing.drop(key)
         return b""
 
     async def _fsync(self, req: Request) -> Payload:
@@ -326,7 +319,7 @@ class Handlers:
                 self._dir_sigs.pop(next(iter(self._dir_sigs)))
         per_caller = self.fs.dir_per_caller(fh)
         out = 0 if per_caller else proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
-        self.counts["dir_cache_kept"] += keep
+        self.dir_cache_kept += keep
         return proto.open_out(fh, out)
 
     async def _readdir(self, req: Request) -> Payload:
@@ -358,15 +351,15 @@ class Handlers:
         return b""
 
     async def _statfs(self, req: Request) -> Payload:
-        s = await self.fs.statfs()
+        s = statvfs(await self.fs.statfs())
         return proto.statfs_out(
-            bsize=s.block_size,
-            blocks=s.total_blocks,
-            bfree=s.free_blocks,
-            bavail=s.free_blocks,
-            files=s.total_files,
-            ffree=s.free_files,
-            namelen=NAME_MAX,
+            bsize=s.bsize,
+            blocks=s.blocks,
+            bfree=s.bfree,
+            bavail=s.bavail,
+            files=s.files,
+            ffree=s.ffree,
+            namelen=s.namemax,
         )
 
     async def _getxattr(self, req: Request) -> Payload:

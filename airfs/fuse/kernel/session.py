@@ -25,17 +25,20 @@ import logging
 import os
 import types
 from collections.abc import Callable, Coroutine, Generator
+from dataclasses import dataclass
 from typing import Any
 
 import trio
 
 from airfs.core.context import Caller, as_caller
 from airfs.core.fs import Filesystem
-from airfs.fuse.policy import error_level
+from airfs.core.passthrough import PassthroughStats
+from airfs.fuse.policy import failure_errno
 
 from . import proto
-from .handlers import NO_REPLY, Handlers, Payload
+from .handlers import NO_REPLY, Handler, Handlers, Payload
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
+from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
 
 log = logging.getLogger(__name__)
@@ -68,12 +71,56 @@ def _resume(coro: Coroutine[Any, Any, None], first: Any) -> Generator[Any, Any, 
                 return
 
 
-class Session(Handlers):
+@dataclass(frozen=True, slots=True)
+class SessionStats:
+    """``Session.statistics()``: what INIT negotiated (None before it), the requests read
+    from the device (answered inline, or in a task of their own because they waited),
+    interrupted, answered with an error for a malformed request or an unexpected failure;
+    directory opens that let the kernel keep its cached listing; the core's passthrough
+    record; the backing files registered with the kernel now."""
+
+    negotiated: Negotiated | None
+    requests: int
+    inline: int
+    tasks: int
+    interrupts: int
+    errors: int
+    dir_cache_kept: int
+    passthrough: PassthroughStats
+    backing_files: int
+
+    @classmethod
+    def before_mount(cls, passthrough: PassthroughStats) -> SessionStats:
+        """The record of a transport that has no session yet (nothing served)."""
+        return cls(None, 0, 0, 0, 0, 0, 0, passthrough, 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat, as ``airfs status --json`` shows it under ``fuse`` (the negotiated
+        parameters, the counters, the passthrough record's fields)."""
+        neg = self.negotiated.to_dict() if self.negotiated is not None else {"transport": "kernel"}
+        return {
+            **neg,
+            "requests": self.requests,
+            "inline": self.inline,
+            "tasks": self.tasks,
+            "interrupts": self.interrupts,
+            "errors": self.errors,
+            **self.passthrough.to_dict(),
+            "dir_cache_kept": self.dir_cache_kept,
+            "backing_files": self.backing_files,
+        }
+
+
+class Session:
     """Serve one mounted file system from ``fd`` (an open /dev/fuse, set non-blocking here).
 
     ``ttl`` is the entry/attribute timeout given to the kernel (and the negative-entry timeout
     when ``negative_ttl`` is None). ``on_init`` runs once the INIT reply is written.
     :meth:`run` returns when the file system is unmounted (or DESTROY arrives) or is cancelled.
+
+    The session owns the device and the loop; the request handlers (:class:`.Handlers`) are
+    made at INIT, complete with what it settled (protocol minor, passthrough). Before INIT
+    every other request is answered ENOSYS (the kernel sends none).
     """
 
     def __init__(
@@ -95,33 +142,31 @@ class Session(Handlers):
         self.pages_limit = pages_limit
         self.passthrough = passthrough
         self.negotiated: Negotiated | None = None
-        self.minor = proto.KERNEL_MINOR
         self._buf = bytearray(read_buffer_size(pages_limit))
         self._view = memoryview(self._buf)
         self._scopes: dict[int, trio.CancelScope] = {}
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
-        self.counts = {
-            "requests": 0,
-            "inline": 0,
-            "tasks": 0,
-            "interrupts": 0,
-            "errors": 0,
-            "passthrough_opens": 0,
-            "dir_cache_kept": 0,
-        }
-        #: passthrough opens: file handle -> inode, inode -> [key, backing id, opens]
-        self._backing_ids: dict[int, int] = {}
-        self._inode_backing: dict[int, list[Any]] = {}
-        self._dir_sigs: dict[int, int] = {}
-        self._handlers = self.handler_table()
+        self.requests = self.inline = self.tasks = self.interrupts = self.errors = 0
+        #: made at INIT (:meth:`_init`)
+        self.handlers: Handlers | None = None
+        self._handlers: dict[int, Handler] = {}
 
     # -- the loop ------------------------------------------------------------------------------
 
-    def statistics(self) -> dict[str, Any]:
-        neg = self.negotiated.to_dict() if self.negotiated is not None else {"transport": "kernel"}
-        extra = self.fs.passthrough.statistics().to_dict()
-        return {**neg, **self.counts, **extra, "backing_files": len(self._inode_backing)}
+    def statistics(self) -> SessionStats:
+        h = self.handlers
+        return SessionStats(
+            negotiated=self.negotiated,
+            requests=self.requests,
+            inline=self.inline,
+            tasks=self.tasks,
+            interrupts=self.interrupts,
+            errors=self.errors,
+            dir_cache_kept=h.dir_cache_kept if h is not None else 0,
+            passthrough=self.fs.passthrough.statistics(),
+            backing_files=len(h.backing) if h is not None and h.backing is not None else 0,
+        )
 
     async def run(self) -> None:
         os.set_blocking(self.fd, False)
@@ -174,14 +219,14 @@ class Session(Handlers):
                     await trio.lowlevel.wait_readable(self.fd)
                     continue
             for i, raw in enumerate(batch):
-                self.counts["requests"] += 1
+                self.requests += 1
                 coro = self._serve(raw)
                 try:
                     first = coro.send(None)
                 except StopIteration:
-                    self.counts["inline"] += 1
+                    self.inline += 1
                     continue
-                self.counts["tasks"] += 1
+                self.tasks += 1
                 assert self._nursery is not None
                 self._nursery.start_soon(self._lead, batch[i + 1 :])
                 await _resume(coro, first)
@@ -194,7 +239,7 @@ class Session(Handlers):
         try:
             req = proto.decode_request(raw)
         except BadRequest as exc:
-            self.counts["errors"] += 1
+            self.errors += 1
             log.warning("dropping a garbled request: %s", exc)
             if len(raw) >= 16:
                 unique = int.from_bytes(raw[8:16], "little")
@@ -220,19 +265,13 @@ class Session(Handlers):
             self._scopes[req.unique] = scope
             try:
                 payload = await handler(req)
-            except OSError as exc:
-                code = exc.errno or errno.EIO
-                log.log(error_level(code), "%s: %s", _opname(op), exc)
-                self._reply_error(req.unique, code)
-                return
             except BadRequest as exc:
-                self.counts["errors"] += 1
+                self.errors += 1
                 log.warning("%s: malformed request: %s", _opname(op), exc)
                 self._reply_error(req.unique, errno.EINVAL)
                 return
-            except Exception:
-                log.exception("%s failed", _opname(op))
-                self._reply_error(req.unique, errno.EIO)
+            except Exception as exc:
+                self._reply_error(req.unique, failure_errno(log, _opname(op), exc))
                 return
             finally:
                 self._scopes.pop(req.unique, None)
@@ -246,7 +285,7 @@ class Session(Handlers):
         (target,) = proto.unpack(proto.INTERRUPT_IN, req.body, "INTERRUPT")
         scope = self._scopes.get(target)
         if scope is not None:
-            self.counts["interrupts"] += 1
+            self.interrupts += 1
             scope.cancel()
         # else: already answered (requests are started in the order they were read)
 
@@ -263,8 +302,15 @@ class Session(Handlers):
             log.error("INIT: %s", exc)
             self._reply_error(req.unique, errno.EINVAL)
             return
-        self.minor = int(neg.protocol.split(".")[1])
         self.negotiated = neg
+        self.handlers = Handlers(
+            self.fs,
+            ttl=self.ttl,
+            negative_ttl=self.negative_ttl,
+            minor=int(neg.protocol.split(".")[1]),
+            backing=BackingIds(self.fd) if self.passthrough and neg.passthrough else None,
+        )
+        self._handlers = self.handlers.table()
         self._reply(req.unique, reply)
         log.info(
             "FUSE %s negotiated (kernel offers 7.%d): max_write %d, max_pages %d, "

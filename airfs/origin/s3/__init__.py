@@ -48,11 +48,14 @@ the destination first (race documented). Symbolic links are not supported
 create-if-absent copy (:mod:`._link`). Names that are not valid keys for
 obstore (control characters) fail with EINVAL. SeaweedFS turns ``\\`` in a key into ``/``.
 
-Modules: ``_origin`` (construction from a URL, capabilities), ``_core`` (shared state, keys,
-HEADs, markers), ``_reads``, ``_writes`` (PUTs, conditional writes, multipart clean-up),
-``_tree`` (directories, renames, attributes), ``_link`` (create-if-absent copies), ``_meta``
-(the metadata keys), ``_raw`` (the SigV4 client), ``_credentials``, ``_errors`` (error
-translation), ``_config`` (tunables).
+Structure: :class:`S3Origin` (``_origin``: construction from a URL, capabilities, the Origin
+protocol) holds its parts as fields, each with its own state and contract: ``client``
+(``_core``: the stores, the signing client, keys, HEADs, probes, markers, the known attributes
+of objects), ``reads`` (``_reads``), ``writes`` (``_writes``: PUTs, conditional writes,
+multipart clean-up), ``tree`` (``_tree``: directories, renames), ``attributes`` (``_attrs``:
+``set_attrs``), ``links`` (``_link``: create-if-absent copies). Below them: ``_meta`` (the
+metadata keys), ``_raw`` (the SigV4 client), ``_credentials``, ``_errors`` (error translation),
+``_config`` (tunables).
 """
 
 from ._config import (

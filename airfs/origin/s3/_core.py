@@ -1,8 +1,12 @@
-"""The state every part of the S3 origin shares, and the helpers on keys, HEADs and markers.
+"""The requests part of the S3 origin: the stores, the signing client, the keys, HEADs,
+probes and markers every other part asks for, and what this process remembers of objects'
+stored attributes.
 
-:class:`S3Base` holds the obstore store, the signing client, what this process remembers of
-objects' modes and mtimes, and answers the questions every operation asks: the full key of a
-path, an object's metadata (one HEAD), whether a path is a directory (one small listing).
+:class:`S3Client` answers the questions every operation asks: the full key of a path, an
+object's metadata (one HEAD, remembered in :class:`KnownAttrs`), whether a path is a
+directory (one small listing), a directory's marker and its metadata. It holds no state of
+the other parts (the conditional-write probe is :class:`~._writes.Writes`', the
+conditional-copy probe :class:`~._link.Links`').
 """
 
 from __future__ import annotations
@@ -12,20 +16,14 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import obstore
 from obstore.store import S3Store
 
 from ..base import Entry, Kind, NotFound, NotSupported, OriginError, split
-from ._config import (
-    DEFAULT_PART_SIZE,
-    DEFAULT_PUT_CONCURRENCY,
-    DEFAULT_SINGLE_PUT_MAX,
-    MODE_CACHE_MAX,
-    PROBE_PREFIX,
-)
+from ._config import MODE_CACHE_MAX, PROBE_PREFIX
 from ._errors import s3_code, translate
 from ._meta import DEFAULT_MODE, Meta, from_headers, http_date_ns, ns_of, parse
 from ._raw import RawS3, quote
@@ -34,9 +32,62 @@ from ._raw import RawS3, quote
 SAME_SECOND_NS = 2_000_000_000
 
 
-class S3Base:
-    """Shared state and helpers of :class:`~airfs.origin.s3.S3Origin` (see the package
-    docstring for the layout in the bucket)."""
+class KnownAttrs:
+    """What this origin knows of objects' stored attributes (listings carry none): path ->
+    ((ETag, Last-Modified ns), metadata, when read ns), the ``limit`` most recent.
+    Last-Modified is part of the token because a metadata-replacing copy keeps the ETag.
+    Thread-safe (origin calls run in worker threads)."""
+
+    def __init__(self, limit: int = MODE_CACHE_MAX) -> None:
+        self.limit = limit
+        self._known: OrderedDict[str, tuple[tuple[str, int], Meta, int]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def __iter__(self) -> Iterator[str]:
+        """The paths known (a copy: safe while others change it)."""
+        with self._lock:
+            return iter(list(self._known))
+
+    def remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
+        with self._lock:
+            self._known[path] = (token, attrs, time.time_ns())
+            self._known.move_to_end(path)
+            while len(self._known) > self.limit:
+                self._known.popitem(last=False)
+
+    def forget(self, path: str) -> None:
+        """``path`` is gone (deleted, renamed away): its remembered attributes go too."""
+        with self._lock:
+            self._known.pop(path, None)
+
+    def get(self, path: str, token: tuple[str, int], *, recent: bool = False) -> Meta | None:
+        """The stored attributes of ``path`` in the state ``token``, if this origin saw it
+        and the token tells every later change apart. Last-Modified has whole seconds and a
+        metadata copy keeps the ETag, so what was read within :data:`SAME_SECOND_NS` of the
+        Last-Modified it was read with may have changed since under the same token: not
+        trusted (a listing HEADs it again, and trusts what it reads later) unless ``recent``
+        (the best known, where the alternative is the default)."""
+        with self._lock:
+            got = self._known.get(path)
+        if got is None or got[0] != token:
+            return None
+        if not recent and got[2] - token[1] < SAME_SECOND_NS:
+            return None
+        return got[1]
+
+
+class S3Client:
+    """The requests every part of :class:`~airfs.origin.s3.S3Origin` makes (see the package
+    docstring for the layout in the bucket). ``store`` serves ordinary requests (the stall
+    deadline applies), ``bulk`` uploads and copies of more than ``BULK_MIN`` bytes (their
+    answer comes after the body or the copy: they wait up to the overall request limit);
+    ``raw`` is the signing client (None without credentials airfs can sign with: what needs
+    it raises :class:`NotSupported`). ``default_mode``: the mode of objects that carry none;
+    ``list_heads``: listings HEAD the objects not seen yet. Its own state: the known
+    attributes, and whether the server keeps a marker's metadata (probed once)."""
 
     def __init__(
         self,
@@ -45,54 +96,38 @@ class S3Base:
         bucket: str,
         prefix: str = "",
         raw: RawS3 | None = None,
-        conditional_writes: bool | None = None,
-        single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
-        part_size: int = DEFAULT_PART_SIZE,
-        put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
         default_mode: int = DEFAULT_MODE,
         list_heads: bool = True,
         bulk: S3Store | None = None,
     ) -> None:
-        #: the store of ordinary requests (the stall deadline applies), and the one of
-        #: uploads and copies of more than ``BULK_MIN`` bytes (their answer comes after the
-        #: body or the copy: they wait up to the overall request limit)
-        self._store = store
-        self._bulk = store if bulk is None else bulk
+        self.store = store
+        self.bulk = store if bulk is None else bulk
         self.default_mode = default_mode & 0o7777
         self.list_heads = list_heads
-        #: path -> ((ETag, Last-Modified ns), metadata, when read ns): what this origin knows
-        #: of objects' stored attributes (listings carry none); Last-Modified is part of the
-        #: key because a metadata-replacing copy keeps the ETag
-        self._known: OrderedDict[str, tuple[tuple[str, int], Meta, int]] = OrderedDict()
-        self._known_lock = threading.Lock()
+        self.known = KnownAttrs()
         self.bucket = bucket
         self.prefix = prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
-        self._raw = raw
-        self._conditional = conditional_writes
-        self._conditional_copy: bool | None = None
+        self.raw = raw
         self._marker_meta: bool | None = None
         self._probe_lock = threading.Lock()
-        self.single_put_max = single_put_max
-        self.part_size = part_size
-        self.put_concurrency = put_concurrency
         self._dir_mtime_ns = time.time_ns()
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _where(self, path: str) -> str:
+    def where(self, path: str) -> str:
         return f"{self.url}/{path}" if path else self.url
 
-    def _key(self, path: str) -> str:
+    def key(self, path: str) -> str:
         """The full object key of ``path`` (prefix included)."""
         return f"{self.prefix}/{path}" if self.prefix else path
 
     @staticmethod
-    def _token(meta: Mapping[str, Any]) -> tuple[str, int]:
+    def token(meta: Mapping[str, Any]) -> tuple[str, int]:
         """What identifies one stored state of an object (content and metadata)."""
         return meta.get("e_tag") or "", ns_of(meta.get("last_modified"))
 
-    def _file_entry(self, name: str, meta: Mapping[str, Any], attrs: Meta) -> Entry:
+    def file_entry(self, name: str, meta: Mapping[str, Any], attrs: Meta) -> Entry:
         """The entry of an object from its listing or HEAD (``meta``) and stored ``attrs``."""
         mtime_ns = attrs.mtime_ns
         if mtime_ns is None:
@@ -108,39 +143,10 @@ class S3Base:
             gid=attrs.gid,
         )
 
-    def _remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
-        with self._known_lock:
-            self._known[path] = (token, attrs, time.time_ns())
-            self._known.move_to_end(path)
-            while len(self._known) > MODE_CACHE_MAX:
-                self._known.popitem(last=False)
-
-    def _forget(self, path: str) -> None:
-        """``path`` is gone (deleted, renamed away): its remembered attributes go too."""
-        with self._known_lock:
-            self._known.pop(path, None)
-
-    def _known_meta(
-        self, path: str, token: tuple[str, int], *, recent: bool = False
-    ) -> Meta | None:
-        """The stored attributes of ``path`` in the state ``token``, if this origin saw it
-        and the token tells every later change apart. Last-Modified has whole seconds and a
-        metadata copy keeps the ETag, so what was read within :data:`SAME_SECOND_NS` of the
-        Last-Modified it was read with may have changed since under the same token: not
-        trusted (a listing HEADs it again, and trusts what it reads later) unless ``recent``
-        (the best known, where the alternative is the default)."""
-        with self._known_lock:
-            got = self._known.get(path)
-        if got is None or got[0] != token:
-            return None
-        if not recent and got[2] - token[1] < SAME_SECOND_NS:
-            return None
-        return got[1]
-
-    def _dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
+    def dir_entry(self, name: str, attrs: Meta | None = None, mtime_ns: int = 0) -> Entry:
         """A directory: its marker's attributes where the server keeps them, else 0o755, no
         owner; its time the one kept in the marker's metadata, else ``mtime_ns`` (the stable
-        time of :meth:`_probe_time` or the marker's Last-Modified), else (nothing under it,
+        time of :meth:`probe_time` or the marker's Last-Modified), else (nothing under it,
         or a listing made without HEADs) the time the origin was opened."""
         a = attrs or Meta()
         return Entry(
@@ -155,56 +161,56 @@ class S3Base:
             nlink=2,
         )
 
-    def _head(self, path: str) -> Mapping[str, Any] | None:
+    def head(self, path: str) -> Mapping[str, Any] | None:
         """The object's metadata (obstore's, with ``attrs``: the stored :class:`Meta`), or
         None if there is no object ``path``. Remembered for listings."""
         try:
-            res = obstore.get(self._store, path, options={"head": True})
+            res = obstore.get(self.store, path, options={"head": True})
         except Exception as exc:
-            err = translate(exc, self._where(path))
+            err = translate(exc, self.where(path))
             if isinstance(err, NotFound) and s3_code(exc) != "NoSuchBucket":
                 return None
             raise err from None
         attrs = parse(res.attributes)
-        self._remember(path, self._token(res.meta), attrs)
+        self.known.remember(path, self.token(res.meta), attrs)
         return {**res.meta, "attrs": attrs}
 
-    def _copy_source(self, path: str) -> str:
+    def copy_source(self, path: str) -> str:
         """The ``x-amz-copy-source`` header naming the object ``path``."""
-        return f"/{quote(self.bucket, safe='')}/{quote(self._key(path), safe='/~')}"
+        return f"/{quote(self.bucket, safe='')}/{quote(self.key(path), safe='/~')}"
 
-    def _need_raw(self, what: str, path: str) -> RawS3:
-        if self._raw is None:
+    def need_raw(self, what: str, path: str) -> RawS3:
+        if self.raw is None:
             raise NotSupported(
-                f"{self._where(path)}: {what} needs credentials airfs can sign with "
+                f"{self.where(path)}: {what} needs credentials airfs can sign with "
                 "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, a profile, or boto3 installed)"
             )
-        return self._raw
+        return self.raw
 
-    def _probe(self, path: str) -> tuple[bool, bool]:
+    def probe(self, path: str) -> tuple[bool, bool]:
         """(marker exists, something else is under ``path/``) with one small listing."""
-        marker, children, _ = self._probe_time(path)
+        marker, children, _ = self.probe_time(path)
         return marker, children
 
-    def _probe_time(self, path: str) -> tuple[bool, bool, int]:
-        """:meth:`_probe` with the directory's stable time: the Last-Modified of the first
+    def probe_time(self, path: str) -> tuple[bool, bool, int]:
+        """:meth:`probe` with the directory's stable time: the Last-Modified of the first
         key under ``path/`` (its marker where it has one: ``path/`` sorts first), 0 if none.
         The root's skips the hidden probe markers."""
-        where = self._where(path)
-        key = self._key(path)
-        if self._raw is not None:
+        where = self.where(path)
+        key = self.key(path)
+        if self.raw is not None:
             marker = key + "/" if key else ""
             hidden = marker + PROBE_PREFIX
             keys = [
                 (k, t)
-                for k, _, t in self._raw.list_keys(marker, where, max_keys=2)
+                for k, _, t in self.raw.list_keys(marker, where, max_keys=2)
                 if path or not k.startswith(hidden)
             ]
             first_t = keys[0][1] if keys else 0
             return any(k == marker for k, _ in keys), any(k != marker for k, _ in keys), first_t
         try:
             first: list[Mapping[str, Any]] = []
-            for chunk in obstore.list(self._store, path or None, chunk_size=2):
+            for chunk in obstore.list(self.store, path or None, chunk_size=2):
                 first = [m for m in chunk if path or not m["path"].startswith(PROBE_PREFIX)]
                 break
         except Exception as exc:
@@ -213,59 +219,59 @@ class S3Base:
         first_t = ns_of(first[0].get("last_modified")) if first else 0
         return path in paths, any(p != path for p in paths), first_t
 
-    def _is_dir(self, path: str) -> bool:
+    def is_dir(self, path: str) -> bool:
         if not path:
             return True
-        marker, children = self._probe(path)
+        marker, children = self.probe(path)
         return marker or children
 
-    def _put_marker(self, path: str, attrs: Meta | None = None) -> None:
+    def put_marker(self, path: str, attrs: Meta | None = None) -> None:
         """Write the marker ``path/`` (with ``attrs`` in its metadata, where given)."""
-        raw = self._need_raw("creating a directory", path)
+        raw = self.need_raw("creating a directory", path)
         headers = attrs.headers() if attrs is not None else None
-        raw.request("PUT", self._key(path) + "/", self._where(path), headers=headers)
+        raw.request("PUT", self.key(path) + "/", self.where(path), headers=headers)
 
-    def _marker_meta_kept(self) -> bool:
+    def marker_meta_kept(self) -> bool:
         """Whether the server keeps user metadata on directory markers (AWS S3 and MinIO do;
         SeaweedFS 4.48 stores a marker as a filer directory and drops it). Probed once with a
         hidden marker at the origin's root; False without the signing client."""
         if self._marker_meta is not None:
             return self._marker_meta
-        if self._raw is None:
+        if self.raw is None:
             return False
         with self._probe_lock:
             if self._marker_meta is None:
                 path = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
-                key, where = self._key(path) + "/", self._where(path)
+                key, where = self.key(path) + "/", self.where(path)
                 try:
-                    self._raw.request("PUT", key, where, headers=Meta(mode=0o700).headers())
-                    got = self._raw.head(key, where)
+                    self.raw.request("PUT", key, where, headers=Meta(mode=0o700).headers())
+                    got = self.raw.head(key, where)
                     self._marker_meta = got is not None and from_headers(got).mode == 0o700
                 finally:
                     with contextlib.suppress(OriginError):
-                        self._raw.request("DELETE", key, where)
+                        self.raw.request("DELETE", key, where)
         return self._marker_meta
 
-    def _dir_meta(self, path: str) -> tuple[Meta, int] | None:
+    def dir_meta(self, path: str) -> tuple[Meta, int] | None:
         """(stored attributes, Last-Modified ns) of the marker of directory ``path``, where
         the server keeps markers' metadata and the marker exists; else None."""
-        if not path or self._raw is None or not self._marker_meta_kept():
+        if not path or self.raw is None or not self.marker_meta_kept():
             return None
-        got = self._raw.head(self._key(path) + "/", self._where(path))
+        got = self.raw.head(self.key(path) + "/", self.where(path))
         if got is None:
             return None
         return from_headers(got), http_date_ns(got.get("last-modified"))
 
-    def _delete_marker(self, path: str) -> None:
-        raw = self._need_raw("removing a directory", path)
-        raw.request("DELETE", self._key(path) + "/", self._where(path))
+    def delete_marker(self, path: str) -> None:
+        raw = self.need_raw("removing a directory", path)
+        raw.request("DELETE", self.key(path) + "/", self.where(path))
 
-    def _keep_parent(self, path: str) -> None:
+    def keep_parent(self, path: str) -> None:
         """After ``path`` was removed: if that emptied its parent, write the parent's marker
         so the directory stays (POSIX semantics; implied directories would vanish)."""
         parent = split(path)[0]
-        if not parent or self._raw is None:
+        if not parent or self.raw is None:
             return
-        marker, children = self._probe(parent)
+        marker, children = self.probe(parent)
         if not marker and not children:
-            self._put_marker(parent)
+            self.put_marker(parent)

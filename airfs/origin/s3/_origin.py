@@ -1,4 +1,18 @@
-"""The S3 origin: construction from an ``s3://`` URL, the connectivity check, capabilities."""
+"""The S3 origin: an object that holds its parts, each with its own state and contract, and
+exposes the :class:`~airfs.origin.base.Origin` protocol over them; construction from an
+``s3://`` URL, the connectivity check, capabilities.
+
+The parts (made once, complete, in :meth:`S3Origin.__init__`):
+
+* ``client`` (:class:`~._core.S3Client`): the stores, the signing client, keys, HEADs,
+  probes, directory markers, and what is known of objects' stored attributes;
+* ``reads`` (:class:`~._reads.Reads`): stat, listings, ranged GETs;
+* ``writes`` (:class:`~._writes.Writes`): PUTs, conditional writes (probed once), deletes,
+  the clean-up of multipart uploads;
+* ``tree`` (:class:`~._tree.Tree`): directories, renames;
+* ``attributes`` (:class:`~._attrs.Attributes`): ``set_attrs`` (metadata copies);
+* ``links`` (:class:`~._link.Links`): ``link`` (create-if-absent copies; probed once).
+"""
 
 from __future__ import annotations
 
@@ -7,12 +21,13 @@ import errno
 import os
 import urllib.parse
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import obstore
 from obstore.store import S3Store
 
 from ..base import Capabilities, NotFound, OriginError, PermissionDenied, Transient
+from ._attrs import Attributes
 from ._config import (
     CONNECT_TIMEOUT,
     DEFAULT_PART_SIZE,
@@ -21,15 +36,65 @@ from ._config import (
     DEFAULT_STALL_TIMEOUT,
     DEFAULT_TIMEOUT,
 )
+from ._core import S3Client
 from ._credentials import Credentials, resolve_credentials, resolve_region, truthy
 from ._errors import first_line, s3_code, status_of, translate
 from ._link import Links
 from ._meta import DEFAULT_MODE
 from ._raw import RawS3
+from ._reads import Reads
+from ._tree import Tree
+from ._writes import Writes
+
+if TYPE_CHECKING:
+    import builtins
+
+    from ..base import Entry, FsStats, Kind
 
 
-class S3Origin(Links):
-    """An origin on an S3-compatible bucket (see the package docstring for the semantics)."""
+class S3Origin:
+    """An origin on an S3-compatible bucket (see the package docstring for the semantics
+    and the module docstring for its parts). ``store`` (and ``bulk``, for large uploads and
+    copies) are obstore stores on the bucket with the prefix; ``raw`` the signing client."""
+
+    def __init__(
+        self,
+        store: S3Store,
+        *,
+        bucket: str,
+        prefix: str = "",
+        raw: RawS3 | None = None,
+        conditional_writes: bool | None = None,
+        single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
+        part_size: int = DEFAULT_PART_SIZE,
+        put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+        default_mode: int = DEFAULT_MODE,
+        list_heads: bool = True,
+        bulk: S3Store | None = None,
+    ) -> None:
+        self.client = c = S3Client(
+            store,
+            bucket=bucket,
+            prefix=prefix,
+            raw=raw,
+            default_mode=default_mode,
+            list_heads=list_heads,
+            bulk=bulk,
+        )
+        self.reads = Reads(c)
+        self.writes = Writes(
+            c,
+            conditional_writes=conditional_writes,
+            single_put_max=single_put_max,
+            part_size=part_size,
+            put_concurrency=put_concurrency,
+        )
+        self.tree = Tree(c, self.reads)
+        self.attributes = Attributes(c, self.reads)
+        self.links = Links(c, self.reads, self.writes, self.tree)
+        self.bucket = c.bucket
+        self.prefix = c.prefix
+        self.url = c.url
 
     @classmethod
     def from_url(
@@ -221,3 +286,99 @@ class S3Origin(Links):
 
     def close(self) -> None:
         pass
+
+    # -- the Origin protocol, answered by the parts ------------------------------------------
+
+    def check_name(self, path: str) -> None:
+        self.writes.check_name(path)
+
+    def stat(self, path: str) -> Entry:
+        return self.reads.stat(path)
+
+    def list(self, path: str) -> builtins.list[Entry]:
+        return self.reads.list(path)
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        return self.reads.read_range(path, offset, size, version)
+
+    def readlink(self, path: str) -> str:
+        return self.reads.readlink(path)
+
+    def statfs(self) -> FsStats:
+        return self.reads.statfs()
+
+    def put(
+        self,
+        path: str,
+        source: str,
+        if_match: str | None = None,
+        *,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        return self.writes.put(
+            path, source, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
+        )
+
+    def delete(self, path: str) -> None:
+        self.writes.delete(path)
+
+    def conditional_writes(self) -> bool:
+        """See :meth:`.Writes.conditional_writes`."""
+        return self.writes.conditional_writes()
+
+    def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
+        """See :meth:`.Writes.abort_stale_uploads`."""
+        return self.writes.abort_stale_uploads(older_than_s)
+
+    def mkdir(
+        self, path: str, mode: int = 0o755, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        return self.tree.mkdir(path, mode, uid=uid, gid=gid)
+
+    def rmdir(self, path: str) -> None:
+        self.tree.rmdir(path)
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        self.tree.rename(src, dst, replace)
+
+    def symlink(
+        self, path: str, target: str, *, uid: int | None = None, gid: int | None = None
+    ) -> Entry:
+        return self.tree.symlink(path, target, uid=uid, gid=gid)
+
+    def mknod(
+        self,
+        path: str,
+        kind: Kind,
+        mode: int,
+        rdev: int = 0,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> Entry:
+        return self.tree.mknod(path, kind, mode, rdev, uid=uid, gid=gid)
+
+    def set_attrs(
+        self,
+        path: str,
+        mode: int | None = None,
+        mtime_ns: int | None = None,
+        *,
+        uid: int | None = None,
+        gid: int | None = None,
+        atime_ns: int | None = None,
+        follow: bool = True,
+    ) -> Entry:
+        return self.attributes.set_attrs(
+            path, mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns, follow=follow
+        )
+
+    def link(self, src: str, dst: str) -> Entry:
+        return self.links.link(src, dst)
+
+    def conditional_copies(self) -> bool:
+        """See :meth:`.Links.conditional_copies`."""
+        return self.links.conditional_copies()

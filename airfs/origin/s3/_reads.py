@@ -15,51 +15,55 @@ if TYPE_CHECKING:
 
 from ..base import Conflict, Entry, FsStats, IsADir, NotADir, NotFound, NotSupported, split
 from ._config import LIST_HEADS, PROBE_PREFIX
-from ._core import S3Base
+from ._core import S3Client
 from ._errors import status_of, translate
 from ._meta import Meta
 
 
-class Reads(S3Base):
-    """The read side of the S3 origin."""
+class Reads:
+    """The read side of the S3 origin: stat, one-level listings, ranged GETs. No state of
+    its own: it asks ``client`` (whose :class:`~._core.KnownAttrs` a listing reads)."""
+
+    def __init__(self, client: S3Client) -> None:
+        self.c = client
 
     def stat(self, path: str) -> Entry:
         if not path:
-            return self._dir_entry("", mtime_ns=self._probe_time("")[2])
-        meta = self._head(path)
+            return self.c.dir_entry("", mtime_ns=self.c.probe_time("")[2])
+        meta = self.c.head(path)
         if meta is not None:
-            return self._file_entry(split(path)[1], meta, meta["attrs"])
-        marker, children, t = self._probe_time(path)
+            return self.c.file_entry(split(path)[1], meta, meta["attrs"])
+        marker, children, t = self.c.probe_time(path)
         if marker or children:
             return self._dir_stat(path, split(path)[1], t)
-        raise NotFound(f"{self._where(path)}: not found")
+        raise NotFound(f"{self.c.where(path)}: not found")
 
     def _dir_stat(self, path: str, name: str, first_t: int | None = None) -> Entry:
         """A directory's entry: its marker's attributes where they are kept, else its stable
         time (``first_t`` where the caller probed already)."""
-        got = self._dir_meta(path)
+        got = self.c.dir_meta(path)
         if got is not None:
-            return self._dir_entry(name, *got)
-        t = self._probe_time(path)[2] if first_t is None else first_t
-        return self._dir_entry(name, mtime_ns=t)
+            return self.c.dir_entry(name, *got)
+        t = self.c.probe_time(path)[2] if first_t is None else first_t
+        return self.c.dir_entry(name, mtime_ns=t)
 
     def list(self, path: str) -> builtins.list[Entry]:
         """One level. Listings carry no user metadata: the attributes of an object come from
         what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
         each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
         their marker's attributes the same way where the server keeps them, else their
-        stable time (:meth:`_probe_time`, one small listing each, with ``list_heads``)."""
+        stable time (:meth:`.S3Client.probe_time`, one small listing each, with ``list_heads``)."""
         try:
-            res = obstore.list_with_delimiter(self._store, path or None)
+            res = obstore.list_with_delimiter(self.c.store, path or None)
         except Exception as exc:
-            raise translate(exc, self._where(path)) from None
+            raise translate(exc, self.c.where(path)) from None
         cut = len(path) + 1 if path else 0
         out: dict[str, Entry] = {}
         dirs: builtins.list[tuple[str, str]] = []
         for p in res["common_prefixes"]:
             name = p[cut:]
             if name and not (not path and name.startswith(PROBE_PREFIX)):
-                out[name] = self._dir_entry(name)
+                out[name] = self.c.dir_entry(name)
                 dirs.append((name, p))
         has_marker = False
         unknown: builtins.list[tuple[str, Mapping[str, Any]]] = []
@@ -71,19 +75,19 @@ class Reads(S3Base):
             name = p[cut:]
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
-            attrs = self._known_meta(p, self._token(meta), recent=not self.list_heads)
-            if attrs is None and not self.list_heads:
+            attrs = self.c.known.get(p, self.c.token(meta), recent=not self.c.list_heads)
+            if attrs is None and not self.c.list_heads:
                 attrs = Meta()
             if attrs is None:
                 unknown.append((name, meta))
             else:
-                out[name] = self._file_entry(name, meta, attrs)
-        for name, entry in self._heads(unknown, dirs if self.list_heads else []):
+                out[name] = self.c.file_entry(name, meta, attrs)
+        for name, entry in self._heads(unknown, dirs if self.c.list_heads else []):
             out[name] = entry
         if not out and not has_marker and path:
-            if self._head(path) is not None:
-                raise NotADir(f"{self._where(path)}: not a directory")
-            raise NotFound(f"{self._where(path)}: not found")
+            if self.c.head(path) is not None:
+                raise NotADir(f"{self.c.where(path)}: not a directory")
+            raise NotFound(f"{self.c.where(path)}: not found")
         return builtins.list(out.values())
 
     def _heads(
@@ -98,10 +102,10 @@ class Reads(S3Base):
 
         def file(item: tuple[str, Mapping[str, Any]]) -> tuple[str, Entry] | None:
             name, meta = item
-            head = self._head(meta["path"])
+            head = self.c.head(meta["path"])
             if head is None:
                 return None
-            return name, self._file_entry(name, meta, head["attrs"])
+            return name, self.c.file_entry(name, meta, head["attrs"])
 
         def directory(item: tuple[str, str]) -> tuple[str, Entry] | None:
             name, p = item
@@ -121,7 +125,7 @@ class Reads(S3Base):
         return [f for f in found if f is not None]
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
-        where = self._where(path)
+        where = self.c.where(path)
         if size <= 0:
             self._check_version(path, version)
             return b""
@@ -129,7 +133,7 @@ class Reads(S3Base):
         if version is not None:
             options["if_match"] = version
         try:
-            res = obstore.get(self._store, path, options=options)
+            res = obstore.get(self.c.store, path, options=options)
             if version is not None and res.meta.get("e_tag") != version:
                 raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
             return bytes(res.bytes())
@@ -144,23 +148,23 @@ class Reads(S3Base):
             return b""
         if isinstance(err, Conflict):
             raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
-        if isinstance(err, NotFound) and self._is_dir(path):
+        if isinstance(err, NotFound) and self.c.is_dir(path):
             raise IsADir(f"{where}: is a directory")
         raise err
 
     def _check_version(self, path: str, version: str | None) -> None:
-        meta = self._head(path)
+        meta = self.c.head(path)
         if meta is None:
-            if self._is_dir(path):
-                raise IsADir(f"{self._where(path)}: is a directory")
-            raise NotFound(f"{self._where(path)}: not found")
+            if self.c.is_dir(path):
+                raise IsADir(f"{self.c.where(path)}: is a directory")
+            raise NotFound(f"{self.c.where(path)}: not found")
         if version is not None and meta.get("e_tag") != version:
             raise Conflict(
-                f"{self._where(path)}: changed at the origin (version {version} is gone)"
+                f"{self.c.where(path)}: changed at the origin (version {version} is gone)"
             )
 
     def readlink(self, path: str) -> str:
-        raise NotSupported(f"{self._where(path)}: symbolic links are not supported on S3 origins")
+        raise NotSupported(f"{self.c.where(path)}: symbolic links are not supported on S3 origins")
 
     def statfs(self) -> FsStats:
         return FsStats(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import os
+import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
@@ -31,14 +32,40 @@ from ..base import (
     from_oserror,
     split,
 )
-from ._config import BULK_MIN, PROBE_PREFIX, MiB
-from ._core import S3Base
+from ._config import (
+    BULK_MIN,
+    DEFAULT_PART_SIZE,
+    DEFAULT_PUT_CONCURRENCY,
+    DEFAULT_SINGLE_PUT_MAX,
+    PROBE_PREFIX,
+    MiB,
+)
+from ._core import S3Client
 from ._errors import translate
 from ._meta import Meta
 
 
-class Writes(S3Base):
-    """The object-writing side of the S3 origin."""
+class Writes:
+    """The object-writing side of the S3 origin: PUTs (single up to ``single_put_max``, else
+    multipart in parts of ``part_size``, ``put_concurrency`` at a time), conditional writes,
+    deletes. Its state: whether the server honours conditional writes
+    (``conditional_writes``: None probes once, on the first conditional put)."""
+
+    def __init__(
+        self,
+        client: S3Client,
+        *,
+        conditional_writes: bool | None = None,
+        single_put_max: int = DEFAULT_SINGLE_PUT_MAX,
+        part_size: int = DEFAULT_PART_SIZE,
+        put_concurrency: int = DEFAULT_PUT_CONCURRENCY,
+    ) -> None:
+        self.c = client
+        self.single_put_max = single_put_max
+        self.part_size = part_size
+        self.put_concurrency = put_concurrency
+        self._conditional = conditional_writes
+        self._probe_lock = threading.Lock()
 
     def conditional_writes(self) -> bool:
         """Whether the server honours ``If-Match``/``If-None-Match`` on PUT (probed once with a
@@ -57,7 +84,7 @@ class Writes(S3Base):
         key = f"{PROBE_PREFIX}{uuid.uuid4().hex}"
 
         def put(data: bytes, mode: PutMode) -> PutResult:
-            return obstore.put(self._store, key, data, mode=mode, use_multipart=False)
+            return obstore.put(self.c.store, key, data, mode=mode, use_multipart=False)
 
         try:
             first = put(b"1", "create")
@@ -74,34 +101,34 @@ class Writes(S3Base):
             put(b"4", {"e_tag": first["e_tag"]})
             return True
         except Exception as exc:
-            err = translate(exc, self._where(key))
+            err = translate(exc, self.c.where(key))
             if err.transient:
                 raise err from None
             return False
         finally:
             with contextlib.suppress(Exception):
-                obstore.delete(self._store, key)
+                obstore.delete(self.c.store, key)
 
     def _check_precondition(self, path: str, if_match: str) -> None:
         """The HEAD-based emulation of a conditional put (racy; see the module docstring)."""
-        meta = self._head(path)
+        meta = self.c.head(path)
         current = "" if meta is None else (meta.get("e_tag") or "")
         if current != if_match:
             what = "exists" if if_match == "" else "changed at the origin since it was opened"
-            raise Conflict(f"{self._where(path)}: {what}")
+            raise Conflict(f"{self.c.where(path)}: {what}")
 
     def check_name(self, path: str) -> None:
         """Names S3 (or the server) cannot keep as given: keys over 1,024 bytes, names that
         are not UTF-8, control characters, and ``\\`` (SeaweedFS stores it as ``/``)."""
         try:
-            key = self._key(path).encode("utf-8")
+            key = self.c.key(path).encode("utf-8")
         except UnicodeEncodeError:
-            raise InvalidName(f"{self._where(path)!r}: S3 keys must be UTF-8") from None
+            raise InvalidName(f"{self.c.where(path)!r}: S3 keys must be UTF-8") from None
         if len(key) + 1 > 1024:  # +1: a directory's marker key ends in "/"
-            raise NameTooLong(f"{self._where(path)[:80]}...: S3 keys are at most 1,024 bytes")
+            raise NameTooLong(f"{self.c.where(path)[:80]}...: S3 keys are at most 1,024 bytes")
         if "\\" in path or any(ord(c) < 0x20 or c == "\x7f" for c in path):
             raise InvalidName(
-                f"{self._where(path)!r}: S3 origins cannot keep backslashes or control "
+                f"{self.c.where(path)!r}: S3 origins cannot keep backslashes or control "
                 "characters in names"
             )
 
@@ -120,23 +147,23 @@ class Writes(S3Base):
         (:mod:`._meta`), so the object never exists without them. ``mode``/``uid``/``gid``
         None keep the replaced object's (the default mode and no owner for a new one);
         ``mtime_ns`` None stores the time of the put."""
-        where = self._where(path)
+        where = self.c.where(path)
         if not path:
             raise IsADir(f"{where}: is a directory")
         try:
             size = os.stat(source).st_size
         except OSError as exc:
             raise from_oserror(exc, source) from None
-        if self._is_dir(path):
+        if self.c.is_dir(path):
             raise IsADir(f"{where}: is a directory")
         if (mode is None or uid is None or gid is None) and if_match != "":
-            cur = self._head(path)  # (a create-only put replaces nothing: no HEAD)
+            cur = self.c.head(path)  # (a create-only put replaces nothing: no HEAD)
             old: Meta = cur["attrs"] if cur is not None else Meta()
             uid = old.uid if uid is None else uid
             gid = old.gid if gid is None else gid
             mode = old.mode if mode is None else mode
         if mode is None:
-            mode = self.default_mode
+            mode = self.c.default_mode
         attrs = Meta(mode & 0o7777, uid, gid, time.time_ns() if mtime_ns is None else mtime_ns)
         single = size <= self.single_put_max
         cond: PutMode | None = None
@@ -147,7 +174,7 @@ class Writes(S3Base):
                 self._check_precondition(path, if_match)
         try:
             crash_point("put-before-publish")
-            etag = self._put_object(path, Path(source), size, attrs, cond)
+            etag = self.put_object(path, Path(source), size, attrs, cond)
             crash_point("put-after-publish")
         except Exception as exc:
             err = translate(exc, where)
@@ -157,7 +184,7 @@ class Writes(S3Base):
             raise err from None
         return self._written(path, etag, size, attrs)
 
-    def _put_object(
+    def put_object(
         self, path: str, body: Path | bytes, size: int, attrs: Meta, cond: PutMode | None
     ) -> str:
         """One PUT (up to ``single_put_max``, conditional with ``cond``) or a multipart
@@ -165,7 +192,7 @@ class Writes(S3Base):
         obstore's exceptions."""
         if size <= self.single_put_max:
             res = obstore.put(
-                self._store if size <= BULK_MIN else self._bulk,
+                self.c.store if size <= BULK_MIN else self.c.bulk,
                 path,
                 body,
                 mode=cond,
@@ -176,7 +203,7 @@ class Writes(S3Base):
             # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
             part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
             res = obstore.put(
-                self._bulk,
+                self.c.bulk,
                 path,
                 body,
                 use_multipart=True,
@@ -189,38 +216,38 @@ class Writes(S3Base):
     def _written(self, path: str, etag: str, size: int, attrs: Meta) -> Entry:
         """The entry of what this origin just wrote at ``path`` (a HEAD; if the object has
         already changed again, the entry of what was written)."""
-        meta = self._head(path)
+        meta = self.c.head(path)
         if meta is not None and (meta.get("e_tag") or "") == etag:
-            return self._file_entry(split(path)[1], meta, meta["attrs"])
-        return self._file_entry(
+            return self.c.file_entry(split(path)[1], meta, meta["attrs"])
+        return self.c.file_entry(
             split(path)[1], {"size": size, "e_tag": etag, "last_modified": None}, attrs
         )
 
     def delete(self, path: str) -> None:
-        where = self._where(path)
+        where = self.c.where(path)
         if not path:
             raise IsADir(f"{where}: is a directory")
-        if self._head(path) is None:
-            if self._is_dir(path):
+        if self.c.head(path) is None:
+            if self.c.is_dir(path):
                 raise IsADir(f"{where}: is a directory")
             raise NotFound(f"{where}: not found")
         try:
-            obstore.delete(self._store, path)
+            obstore.delete(self.c.store, path)
         except Exception as exc:
             raise translate(exc, where) from None
-        self._forget(path)
-        self._keep_parent(path)
+        self.c.known.forget(path)
+        self.c.keep_parent(path)
 
     def abort_stale_uploads(self, older_than_s: float = 3600.0) -> int:
         """Abort the multipart uploads under this origin's prefix started more than
         ``older_than_s`` seconds ago (left behind by a daemon that was killed mid-upload;
         S3 keeps, and bills, their parts forever). Returns how many were aborted. Needs the
         signing client (else 0)."""
-        if self._raw is None:
+        if self.c.raw is None:
             return 0
-        prefix = f"{self.prefix}/" if self.prefix else ""
+        prefix = f"{self.c.prefix}/" if self.c.prefix else ""
         root = ET.fromstring(
-            self._raw.request("GET", None, self.url, {"uploads": "", "prefix": prefix})
+            self.c.raw.request("GET", None, self.c.url, {"uploads": "", "prefix": prefix})
         )
         cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
         aborted = 0
@@ -237,6 +264,6 @@ class Writes(S3Base):
             if not key or not upload_id or started > cutoff:
                 continue
             with contextlib.suppress(OriginError):
-                self._raw.request("DELETE", key, self.url, {"uploadId": upload_id})
+                self.c.raw.request("DELETE", key, self.c.url, {"uploadId": upload_id})
                 aborted += 1
         return aborted
