@@ -285,7 +285,10 @@ class S3Origin:
         )
 
     def close(self) -> None:
-        pass
+        """Close the signing client's kept-alive connections (obstore's pool closes with the
+        store when it is collected)."""
+        if self.client.raw is not None:
+            self.client.raw.close()
 
     # -- the Origin protocol, answered by the parts ------------------------------------------
 
