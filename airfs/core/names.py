@@ -352,8 +352,7 @@ class NameOps(FileOps):
             # its temporary file while it is still open); bytes written after the link commit
             # to ``src`` alone later (a commit writes a new file: the names then part)
             await self.area.quiesce(st)
-            if st.dirty:
-                self.area.journal_closed(st)
+            self.area.close_version(st, barrier=True)
             await self.commit_now(st)
         held = self.area.hold(src, dst)
         try:

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airfs.origin.base import OriginError
+from airfs.writeback.opens import Opens
 from airfs.writeback.staging import Staged, StagingArea
 
 from .handles import Handle
@@ -124,6 +125,7 @@ class Passthrough:
     def __init__(
         self,
         area: StagingArea,
+        opens: Opens,
         readpath: ReadPath,
         inodes: InodeTable,
         *,
@@ -131,6 +133,7 @@ class Passthrough:
         write_headroom: int = WRITE_HEADROOM,
     ) -> None:
         self.area = area
+        self.opens = opens
         self.readpath = readpath
         self.inodes = inodes
         self.small_max = small_max
@@ -179,8 +182,8 @@ class Passthrough:
             raise OSError(errno.ESTALE, f"inode {ino}: its open files hold other bytes")
         mode.opens += 1
         rec = _Open(ino, True, local=cand.local)
-        if h.writable and h.staged is not None:
-            st = rec.staged = h.staged
+        if h.writable and h.opened is not None:
+            st = rec.staged = self.opens.version(h.opened)
             self._writers[st] = self._writers.get(st, 0) + 1
             if st not in self._seen:
                 s = os.fstat(st.fd)
@@ -200,7 +203,7 @@ class Passthrough:
         self.counts["daemon_opens"] += 1
 
     async def _candidate(self, h: Handle, *, starting: bool, rdwr: bool) -> _Candidate | None:
-        st = h.staged
+        st = self.opens.staged(h.opened)
         if st is not None:
             if h.writable and (rdwr or (starting and not self._room())):
                 return None  # an O_RDWR open never passes through, not even by joining

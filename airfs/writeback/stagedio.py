@@ -44,7 +44,7 @@ class StagedBytes:
     def release(self, st: Staged) -> bool:
         raise NotImplementedError
 
-    def journal_closed(self, st: Staged) -> None:
+    def close_version(self, st: Staged, *, other_writers: int = 0, barrier: bool = False) -> None:
         raise NotImplementedError
 
     async def read(self, st: Staged, offset: int, size: int) -> builtins.bytes:
@@ -63,7 +63,7 @@ class StagedBytes:
     async def write(self, st: Staged, offset: int, data: builtins.bytes | memoryview) -> int:
         """Write ``data`` at ``offset`` of ``st`` (in a worker thread from
         :data:`WRITE_HOP_MIN` bytes). While it is in flight ``st`` is changed (its
-        generation moved) but never journaled (:meth:`journal_closed` waits for it)."""
+        generation moved) but never journaled (a close waits for it: ``close_wanted``)."""
         if st.closed_version and st.path is not None:
             raise AssertionError(f"staged {st.id}: a closed version is never written")
         if len(data) < WRITE_HOP_MIN:
@@ -100,8 +100,9 @@ class StagedBytes:
             st.inflight -= 1
             st.refs -= 1
             if st.inflight == 0:
-                if st.close_wanted:
-                    self.journal_closed(st)
+                if st.close_wanted:  # a close decided meanwhile, made now
+                    st.close_wanted = False
+                    self.close_version(st, barrier=True)
                 self.notify()
             self.release(st)
 
