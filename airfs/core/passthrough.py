@@ -32,9 +32,10 @@ kernel fails the open with EIO). Each inode with open handles is in one mode:
   inode) and retries the open once. Handles already open keep the old bytes, as if the file
   had been replaced by a rename.
 
-Passthrough writes are not bounded by the staging limit (only by the disk, whose ENOSPC the
-writer then gets at once): writable opens start passthrough only while the staging area has
-``write_headroom`` (1 GiB) to spare below its limit; otherwise (and always with a smaller
+Passthrough writes are not bounded by the staging limit nor by its free-disk floor (only by
+the disk, whose ENOSPC the writer then gets at once): writable opens start passthrough only
+while the staging area has ``write_headroom`` (1 GiB) to spare below its limit and above the
+floor (:mod:`airfs.writeback.space`); otherwise (and always with a smaller
 ``--staging-size``) they are daemon-served, which waits for commits to free space and then
 fails with ENOSPC. A staged file
 with passthrough writers is never forked to a new version by the daemon (``in_place``): writes
@@ -221,8 +222,13 @@ class Passthrough:
         return _Candidate(lf.fd, lf.key, lf)
 
     def _room(self) -> bool:
+        """``write_headroom`` to spare below the staging limit and above the free-disk floor
+        (passthrough writes are held to neither once started)."""
         a = self.area
-        return a.limit - a.bytes >= self.write_headroom
+        if a.limit - a.bytes < self.write_headroom:
+            return False
+        floor = a.floor
+        return floor.min_free == 0 or floor.free(a.bytes) - floor.min_free >= self.write_headroom
 
     def refused(self, fh: int) -> None:
         """The transport could not register the file of ``fh`` with the kernel: it is served

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import trio
 
+from .space import DiskFloor
 from .stagefiles import pwrite_all, read_cached
 from .versions import Staged
 
@@ -31,7 +32,8 @@ class StagedBytes:
 
     dir: str
     limit: int
-    min_free: int
+    #: the free-disk floor of the staging filesystem (:mod:`airfs.writeback.space`)
+    floor: DiskFloor
     #: bytes the staged versions take (allocated, so a sparse file costs what it stores)
     bytes: int
 
@@ -121,29 +123,30 @@ class StagedBytes:
             return st.size
 
     async def reserve(self, st: Staged, end: int, wait_s: float) -> None:
-        """Wait until growing ``st`` to ``end`` bytes fits the space limits; ENOSPC after
-        ``wait_s`` seconds of waiting for commits to free space."""
+        """Wait until growing ``st`` to ``end`` bytes fits the space limits (the staging
+        limit, and the free-disk floor: :mod:`airfs.writeback.space`); ENOSPC, before
+        anything is written, after ``wait_s`` seconds of waiting for commits to free space.
+        No system call when it fits (the floor's measurement is cached)."""
         grow = end - st.size
-        if grow <= 0 or await self._fits(grow):
+        if grow <= 0 or self._fits(grow):
             return
         with trio.move_on_after(wait_s):
             while True:
                 ev = self.change_event()
-                if await self._fits(grow):
+                if self._fits(grow):
                     return
-                await ev.wait()
-        raise OSError(
-            errno.ENOSPC,
-            f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)",
-        )
-
-    async def _fits(self, grow: int) -> bool:
+                with trio.move_on_after(self.floor.interval):  # space freed by others too
+                    await ev.wait()
         if self.bytes + grow > self.limit:
-            return False
-        if grow < (1 << 20) and self.min_free == 0:
-            return True
-        try:
-            sv = await trio.to_thread.run_sync(os.statvfs, self.dir)
-        except OSError:
-            return True
-        return sv.f_bavail * sv.f_frsize - grow >= self.min_free
+            msg = f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)"
+        else:
+            msg = (
+                f"cache filesystem of {self.dir} nearly full: {self.floor.free(self.bytes)} "
+                f"bytes free, {grow} more would go under the staging floor of "
+                f"{self.floor.min_free} (--staging-min-free); {self.bytes} staged bytes "
+                "waiting for commit"
+            )
+        raise OSError(errno.ENOSPC, msg)
+
+    def _fits(self, grow: int) -> bool:
+        return self.bytes + grow <= self.limit and self.floor.fits(grow, self.bytes)

@@ -53,6 +53,7 @@ from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
 from .journal import Journal
 from .records import Records
+from .space import DiskFloor, StatVfs, default_min_free
 from .stagedio import WRITE_HOP_MIN, StagedBytes
 from .stagefiles import open_spares
 from .versions import Close, PathState, Staged, close_due
@@ -68,7 +69,17 @@ log = logging.getLogger(__name__)
 class StagingArea(StagedBytes):
     """Staged files by path, their journal, and the space they use. Trio loop only."""
 
-    def __init__(self, cache_dir: str, *, limit: int, min_free: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        cache_dir: str,
+        *,
+        limit: int,
+        min_free: int | None = None,
+        statvfs: StatVfs = os.statvfs,
+    ) -> None:
+        """The area under ``cache_dir``: at most ``limit`` staged bytes, and never less than
+        ``min_free`` bytes left free on its filesystem (None: :func:`default_min_free`; 0:
+        no floor). ``statvfs`` measures the filesystem (a test's fake)."""
         self.dir = os.path.join(cache_dir, "staging")
         self.recovered_dir = os.path.join(cache_dir, "recovered")
         self.conflicts_dir = os.path.join(cache_dir, "conflicts")
@@ -81,7 +92,9 @@ class StagingArea(StagedBytes):
         #: the versions' records, queued on ``disk``
         self.records = Records(self.disk)
         self.limit = limit
-        self.min_free = min_free
+        if min_free is None:
+            min_free = default_min_free(self.dir, statvfs)
+        self.floor = DiskFloor(self.dir, min_free, statvfs=statvfs)
         #: live files by path, indexed by directory (``children``/``under`` cost what they
         #: return, not the number of staged files)
         self.paths: PathDict[PathState] = PathDict()
