@@ -56,7 +56,7 @@ class FileOps(CoreBase):
             st.uid, st.gid = caller.uid, caller.gid
         if entry is not None and not truncate and entry.size:
             try:
-                await self.area.reserve(st, entry.size, self.write_wait_s)
+                await self.area.io.reserve(st, entry.size, self.write_wait_s)
                 await self._copy_up(st, ObjectRef(path, entry.version, entry.size))
             except BaseException:
                 self.area.discard(st)
@@ -80,7 +80,7 @@ class FileOps(CoreBase):
                 data = await reader.read(off, min(COPY_CHUNK, obj.size - off))
                 if not data:
                     raise err(errno.EIO, f"{obj.path}: origin returned less than its size")
-                await self.area.write(st, off, data)
+                await self.area.io.write(st, off, data)
                 off += len(data)
         finally:
             reader.close()
@@ -227,7 +227,7 @@ class FileOps(CoreBase):
         if st is None:
             st = self.opens.staged(h.opened)
         if st is not None:
-            return await self.area.read(st, offset, size)
+            return await self.area.io.read(st, offset, size)
         if h.reader is None:
             raise err(errno.EIO, "no reader")
         return await h.reader.read(offset, size)
@@ -240,12 +240,12 @@ class FileOps(CoreBase):
         st = await self._writable(h)
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))
-        await self.area.reserve(st, end, self.write_wait_s)
+        await self.area.io.reserve(st, end, self.write_wait_s)
         if st.closed_version or st.uploading:
             # journaled (an fsync, a close of another descriptor) while we waited for space:
             # its bytes stay as journaled, the write goes to a new version
             st = await self._writable(h)
-        return await self.area.write(st, offset, data)
+        return await self.area.io.write(st, offset, data)
 
     @counted
     async def flush(self, fh: int) -> None:
@@ -292,6 +292,6 @@ class FileOps(CoreBase):
         self.passthrough.sync(st)
         if st is None or st.path is None:
             return
-        await self.area.quiesce(st)
+        await self.area.io.quiesce(st)
         self.area.close_version(st, barrier=True)  # later writes go to a new version
         await self.commit_now(st)

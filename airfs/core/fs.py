@@ -163,7 +163,7 @@ class Filesystem(NameOps):
                     # no space is reserved: an extension is a hole (staging counts allocated
                     # bytes); a size the staging filesystem cannot hold is its EFBIG
                     if size != st.size or size != 0:
-                        await self.area.truncate(st, size)
+                        await self.area.io.truncate(st, size)
                 finally:
                     if temporary is not None:
                         self.opens.close_now(temporary)

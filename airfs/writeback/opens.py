@@ -67,7 +67,7 @@ class Opens:
             if st.writers == 0 and (st.closed_version or st.uploading):
                 st = await self.area.new_version(st, copy=not truncate)
             elif truncate and st.size:
-                await self.area.truncate(st, 0)
+                await self.area.io.truncate(st, 0)
             st.writers += 1
         st.refs += 1
         tok = Opened(st, writable, key)
@@ -145,7 +145,7 @@ class Opens:
         """``close()`` of a descriptor of ``tok``'s handle: once the writes in flight end,
         its version is journaled if no other writer has it open. Returns the version."""
         st = self.version(tok)
-        await self.area.quiesce(st)
+        await self.area.io.quiesce(st)
         st = self.version(tok)
         self.area.close_version(st, other_writers=st.writers - tok.writable)
         return st
@@ -156,7 +156,7 @@ class Opens:
         released even when the wait for the writes in flight is cancelled (the close then
         happens when they end)."""
         try:
-            await self.area.quiesce(self.version(tok))
+            await self.area.io.quiesce(self.version(tok))
         finally:
             self.close_now(tok)
 

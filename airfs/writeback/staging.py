@@ -54,7 +54,7 @@ from .diskq import DiskQueue
 from .journal import Journal
 from .records import Records
 from .space import DiskFloor, StatVfs, default_min_free
-from .stagedio import WRITE_HOP_MIN, StagedBytes
+from .stagedio import WRITE_HOP_MIN, StagedBytes, allocated
 from .stagefiles import open_spares
 from .versions import Close, PathState, Staged, close_due
 
@@ -66,7 +66,7 @@ SPARES = 16
 log = logging.getLogger(__name__)
 
 
-class StagingArea(StagedBytes):
+class StagingArea:
     """Staged files by path, their journal, and the space they use. Trio loop only."""
 
     def __init__(
@@ -95,6 +95,10 @@ class StagingArea(StagedBytes):
         if min_free is None:
             min_free = default_min_free(self.dir, statvfs)
         self.floor = DiskFloor(self.dir, min_free, statvfs=statvfs)
+        #: bytes the staged versions take (allocated, so a sparse file costs what it stores)
+        self.bytes = 0
+        #: reads, writes and truncates of the versions' bytes, and space reservations
+        self.io = StagedBytes(self)
         #: live files by path, indexed by directory (``children``/``under`` cost what they
         #: return, not the number of staged files)
         self.paths: PathDict[PathState] = PathDict()
@@ -102,7 +106,6 @@ class StagingArea(StagedBytes):
         #: still uploading or read
         self.all: dict[str, Staged] = {}
         self._changed = trio.Event()
-        self.bytes = 0
         self._crashed = False
         #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
         #: the path fails naming them, even when the conflict happened before it started
@@ -161,7 +164,7 @@ class StagingArea(StagedBytes):
         ps.versions.append(st)
         self.paths[ps.path] = ps
         self.all[st.id] = st
-        self.bytes += self._allocated(st)
+        self.bytes += allocated(st)
         if st.seq is not None:
             self.records.seen(st.seq)
 
@@ -179,10 +182,10 @@ class StagingArea(StagedBytes):
             new.mode, new.uid, new.gid, new.atime_ns = st.mode, st.uid, st.gid, st.atime_ns
             try:
                 if copy and st.size:
-                    await self.reserve(new, self._allocated(st), 0)  # what it stores, holes aside
+                    await self.io.reserve(new, allocated(st), 0)  # what it stores, holes aside
                     await trio.to_thread.run_sync(copy_sparse, st.fd, new.fd, st.size)
                     new.size = st.size
-                    self.bytes += self._allocated(new)
+                    self.bytes += allocated(new)
             except BaseException:
                 self._drop(new)
                 raise
@@ -426,7 +429,7 @@ class StagingArea(StagedBytes):
                 del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
-        self.bytes -= self._allocated(st)
+        self.bytes -= allocated(st)
         self.disk.drop(st.file, st.fd, st.id)
         self.notify()
         return True

@@ -337,7 +337,7 @@ class Uploader:
         caller to give up)."""
         live = self.area.under(dir_path)
         for st in live:
-            await self.area.quiesce(st)
+            await self.area.io.quiesce(st)
             if st.dirty:
                 # committed as it is now: journaled, so that later writes go to a new version
                 self.area.close_version(st, barrier=True)

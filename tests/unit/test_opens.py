@@ -72,7 +72,7 @@ async def test_the_last_writer_journals_and_a_reader_does_not_hold_it_open(
     w2 = await opens.open(st, 7, writable=True)
     r = await opens.open(st, 7, writable=False)
     assert (st.writers, st.refs) == (2, 3)
-    await area.write(opens.version(w1), 0, b"abc")
+    await area.io.write(opens.version(w1), 0, b"abc")
     await opens.flush(w1)
     assert not st.closed_version  # w2 still writes it
     await opens.close(w1)
@@ -93,7 +93,7 @@ async def test_a_fork_moves_every_writer_and_no_reader(area: StagingArea) -> Non
     w1 = await opens.open(st, 1, writable=True)
     w2 = await opens.open(st, 2, writable=True)
     r = await opens.open(st, 3, writable=False)
-    await area.write(st, 0, b"old")
+    await area.io.write(st, 0, b"old")
     area.close_version(st, barrier=True)  # fsync: journaled while both still write it
     assert st.closed_version
 
@@ -111,7 +111,7 @@ async def test_a_fork_moves_every_writer_and_no_reader(area: StagingArea) -> Non
     assert opens.version(r) is st  # a reader keeps the bytes it opened
     assert (new.writers, new.refs, st.writers, st.refs) == (2, 2, 0, 1)
     assert opens.of_file(2) is new and opens.of_file(3) is st
-    await area.write(new, 0, b"new")
+    await area.io.write(new, 0, b"new")
     for tok in (w1, w2, r):
         await opens.close(tok)
     assert new.closed_version

@@ -58,8 +58,8 @@ async def test_a_write_under_the_floor_gets_enospc_and_keeps_what_was_written(
     accepted = 0
     with pytest.raises(OSError) as info:
         for _ in range(100):
-            await area.reserve(st, accepted + len(chunk), 0.05)
-            accepted += await area.write(st, accepted, chunk)
+            await area.io.reserve(st, accepted + len(chunk), 0.05)
+            accepted += await area.io.write(st, accepted, chunk)
     assert info.value.errno == errno.ENOSPC
     assert "staging floor of 10485760 (--staging-min-free)" in str(info.value)
     assert accepted == 90 * MiB  # exactly down to the floor
@@ -69,7 +69,7 @@ async def test_a_write_under_the_floor_gets_enospc_and_keeps_what_was_written(
     # space freed elsewhere on the filesystem: the next write fits again
     disk.size += 20 * MiB
     area.floor.invalidate()
-    await area.reserve(st, accepted + len(chunk), 0.05)
+    await area.io.reserve(st, accepted + len(chunk), 0.05)
     await opens.close(tok)
 
 
