@@ -4,6 +4,7 @@ area (no core, no mount)."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,34 @@ async def test_a_fork_moves_every_writer_and_no_reader(area: StagingArea) -> Non
     assert new.closed_version
     with pytest.raises(AssertionError, match="closed twice"):
         opens.close_now(w1)
+
+
+async def test_a_writer_opened_during_a_fork_follows_it(area: StagingArea) -> None:
+    """A writer that joins a closed version while its fork copies (the copy runs in a worker
+    thread) moves with the others: nothing writes the journaled bytes."""
+    opens = Opens(area)
+    st = await area.create("f", None, 0o644)
+    w1 = await opens.open(st, 1, writable=True)
+    await area.io.write(st, 0, b"journaled")
+    area.close_version(st, barrier=True)
+    late: list[Opened] = []
+
+    async def write() -> None:
+        await opens.writable(w1, in_place=lambda v: False)
+
+    async def join() -> None:
+        while st.forking is None:  # until the fork's copy runs
+            await trio.sleep(0)
+        late.append(await opens.open(st, 2, writable=True))
+        assert st.forking is not None  # joined while it copied
+
+    async with trio.open_nursery() as n:
+        n.start_soon(write)
+        n.start_soon(join)
+    new = opens.version(w1)
+    assert new is not st and opens.version(late[0]) is new
+    assert (new.writers, new.refs, st.writers, st.refs) == (2, 2, 0, 0)
+    await area.io.write(new, 0, b"rewritten")
+    assert os.pread(st.fd, 100, 0) == b"journaled"
+    for tok in (w1, late[0]):
+        await opens.close(tok)
