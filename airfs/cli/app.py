@@ -81,6 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(default 100G)",
     )
     m.add_argument(
+        "--staging-min-free",
+        type=parse_size,
+        default=None,
+        metavar="SIZE",
+        help="free space written data leaves on the cache filesystem; writers wait, then "
+        "get ENOSPC (default 3%% of it, at most 512M; 0: none)",
+    )
+    m.add_argument(
         "--ttl",
         type=seconds,
         default=1.0,

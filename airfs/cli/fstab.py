@@ -7,7 +7,8 @@
 
 ORIGIN is a directory, ``s3://BUCKET[/PREFIX]``, or the mountpoint itself (overlay in place).
 ``-o`` options are ``airfs mount`` options with underscores (``cache_dir=``, ``cache_size=``,
-``staging_size=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``, ``s3_region=``, ``s3_timeout=``,
+``staging_size=``, ``staging_min_free=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``,
+``s3_region=``, ``s3_timeout=``,
 ``s3_path_style``, ``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``,
 ``debug``); generic mount options (``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``,
 ``x-systemd.*``...) are accepted and ignored. Install it with ``mount/install.sh``.
@@ -23,6 +24,7 @@ _VALUED = {
     "cache_dir",
     "cache_size",
     "staging_size",
+    "staging_min_free",
     "ttl",
     "log_file",
     "s3_endpoint",

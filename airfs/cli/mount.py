@@ -56,6 +56,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         cache_dir=cache_dir,
         cache_size=args.cache_size,
         staging_size=args.staging_size,
+        staging_min_free=args.staging_min_free,
         ttl=args.ttl,
         log_file=args.log_file or os.path.join(cache_dir, "airfs.log"),
         allow_other=args.allow_other,

@@ -35,6 +35,7 @@ from airfs.origin.base import (
     join,
     split,
 )
+from airfs.writeback.opens import Opens
 from airfs.writeback.staging import Staged, StagingArea
 
 from .attrs import Attr, Owner, allocated_blocks, attr_of, attr_of_entry
@@ -136,7 +137,9 @@ class CoreBase:
         self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
         self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
         self._mtimes = caps.mtimes
-        self.passthrough = Passthrough(area, readpath, self.inodes)
+        #: the one owner of which staged version each open handle uses
+        self.opens = Opens(area)
+        self.passthrough = Passthrough(area, self.opens, readpath, self.inodes)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -222,7 +225,7 @@ class CoreBase:
                 self.listings.record(parent, node.entry)
 
     def _attr(self, node: Node) -> Attr:
-        st = self.area.get(node.path) if node.path is not None else node.staged
+        st = self.area.get(node.path) if node.path is not None else self.opens.of_file(node.ino)
         if st is not None:
             return self._staged_attr(node, st)
         if node.entry is None:

@@ -34,7 +34,7 @@ class FileOps(CoreBase):
 
     async def _stage(self, node: Node, *, truncate: bool) -> Staged:
         """The live staged file of ``node``, created (with the origin's content copied in
-        unless ``truncate``) if there is none. Open it with ``area.open_write`` to write.
+        unless ``truncate``) if there is none. Open it with ``opens.open`` to use it.
         Caller holds ``node.lock``."""
         path = self._path(node)
         st = self.area.get(path)
@@ -56,7 +56,7 @@ class FileOps(CoreBase):
             st.uid, st.gid = caller.uid, caller.gid
         if entry is not None and not truncate and entry.size:
             try:
-                await self.area.reserve(st, entry.size, self.write_wait_s)
+                await self.area.io.reserve(st, entry.size, self.write_wait_s)
                 await self._copy_up(st, ObjectRef(path, entry.version, entry.size))
             except BaseException:
                 self.area.discard(st)
@@ -67,28 +67,10 @@ class FileOps(CoreBase):
         return st
 
     async def _writable(self, h: Handle) -> Staged:
-        """The staged file a write through ``h`` goes to: a closed (journaled) version is
-        never written again, its writers move to a copy (one copy for concurrent writes:
-        :meth:`~airfs.writeback.staging.StagingArea.fork`)."""
-        st = h.staged
-        assert st is not None
-        while (st.closed_version or st.uploading) and not self.passthrough.in_place(st):
-            new = await self.area.fork(st)
-            if new is st:
-                break  # deleted while open: written in place
-            moved = [o for o in self.handles.values() if o.writable and o.staged is st]
-            if h.staged is st and h not in moved:
-                moved.append(h)  # opened on ``st`` while it was being copied
-            for other in moved:
-                other.staged = new
-                st.refs -= 1
-                new.refs += 1
-            if h.node.staged is st:
-                h.node.staged = new
-            self.area.release(st)
-            assert h.staged is not None
-            st = h.staged
-        return st
+        """The staged version a write through ``h`` goes to (a closed one is never written
+        again: :meth:`~airfs.writeback.opens.Opens.writable`)."""
+        assert h.opened is not None
+        return await self.opens.writable(h.opened, in_place=self.passthrough.in_place)
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
         reader = self.readpath.open(obj)
@@ -98,7 +80,7 @@ class FileOps(CoreBase):
                 data = await reader.read(off, min(COPY_CHUNK, obj.size - off))
                 if not data:
                     raise err(errno.EIO, f"{obj.path}: origin returned less than its size")
-                await self.area.write(st, off, data)
+                await self.area.io.write(st, off, data)
                 off += len(data)
         finally:
             reader.close()
@@ -120,21 +102,20 @@ class FileOps(CoreBase):
         async with node.lock:
             if node.path is None:  # renamed over while we waited for the lock (see rename)
                 raise err(errno.ESTALE, f"inode {ino} was replaced")
-            if writable:
-                live = await self._stage(node, truncate=trunc)
-                wst = await self.area.open_write(live, truncate=trunc)
+            live = (
+                await self._stage(node, truncate=trunc)
+                if writable
+                else self.area.get(self._path(node))
+            )
+            if live is not None:
+                tok = await self.opens.open(live, node.ino, writable=writable, truncate=trunc)
+                st = self.opens.version(tok)
                 if trunc:
-                    wst.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
-                st: Staged | None = wst
-            else:
-                st = self.area.get(self._path(node))
-            if st is not None:
-                st.refs += 1
+                    st.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
                 key = f"staged:{st.id}"
                 keep = node.cached_version == key and not trunc
                 node.cached_version = key
-                node.staged = st
-                handle = Handle(self._fh(), node, writable, st)
+                handle = Handle(self._fh(), node, writable, tok)
             else:
                 handle = await self._open_origin(node)
                 keep = node.cached_version == handle.version
@@ -194,12 +175,10 @@ class FileOps(CoreBase):
             if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
                 node.entry, node.fetched = await self._claim(st, path), time.monotonic()
             self._dir_changed(path)
-            if writable:
-                st = await self.area.open_write(st, truncate=False)
-            st.refs += 1
-        handle = Handle(self._fh(), node, writable, st)
+            tok = await self.opens.open(st, node.ino, writable=writable)
+            st = self.opens.version(tok)
+        handle = Handle(self._fh(), node, writable, tok)
         node.cached_version = f"staged:{st.id}"
-        node.staged = st
         node.lookups += 1
         node.opens += 1
         self.handles[handle.fh] = handle
@@ -246,9 +225,9 @@ class FileOps(CoreBase):
         # at once), else the version this handle opened (an unlinked or replaced file)
         st = self.area.get(h.node.path) if h.node.path is not None else None
         if st is None:
-            st = h.staged
+            st = self.opens.staged(h.opened)
         if st is not None:
-            return await self.area.read(st, offset, size)
+            return await self.area.io.read(st, offset, size)
         if h.reader is None:
             raise err(errno.EIO, "no reader")
         return await h.reader.read(offset, size)
@@ -256,29 +235,26 @@ class FileOps(CoreBase):
     @counted
     async def write(self, fh: int, offset: int, data: bytes) -> int:
         h = self._handle(fh)
-        if not h.writable or h.staged is None:
+        if not h.writable or h.opened is None:
             raise err(errno.EBADF, "file not open for writing")
         st = await self._writable(h)
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))
-        await self.area.reserve(st, end, self.write_wait_s)
+        await self.area.io.reserve(st, end, self.write_wait_s)
         if st.closed_version or st.uploading:
             # journaled (an fsync, a close of another descriptor) while we waited for space:
             # its bytes stay as journaled, the write goes to a new version
             st = await self._writable(h)
-        return await self.area.write(st, offset, data)
+        return await self.area.io.write(st, offset, data)
 
     @counted
     async def flush(self, fh: int) -> None:
         """``close()`` of a file descriptor: when no other descriptor writes the file, its
         content is journaled (it survives a daemon crash from here on)."""
         h = self._handle(fh)
-        st = h.staged
-        self.passthrough.sync(st)
-        if st is not None:
-            await self.area.quiesce(st)
-        if st is not None and st.dirty and st.writers <= (1 if h.writable else 0):
-            self.area.journal_closed(st)
+        if h.opened is not None:
+            self.passthrough.sync(self.opens.version(h.opened))
+            await self.opens.flush(h.opened)
 
     @counted
     async def release(self, fh: int) -> None:
@@ -286,20 +262,10 @@ class FileOps(CoreBase):
         if h is None:
             return
         self.passthrough.release(h)
-        st = h.staged
-        if st is not None:
-            await self.area.quiesce(st)
         try:
-            if st is not None:
-                if h.writable:
-                    self.area.close_writer(st)
-                elif st.writers == 0:
-                    self.area.journal_closed(st)
+            if h.opened is not None:
+                await self.opens.close(h.opened)
         finally:
-            if st is not None:
-                st.refs -= 1
-                self.area.release(st)
-                self.area.notify()
             if h.reader is not None:
                 h.reader.close()
             if h.pinned is not None and self._unpin is not None:
@@ -307,8 +273,6 @@ class FileOps(CoreBase):
             h.node.opens -= 1
             if h.node.opens < 0:
                 raise AssertionError(f"inode {h.node.ino}: open count went negative")
-            if h.node.opens == 0:
-                h.node.staged = None
             self.inodes.maybe_drop(h.node)
 
     async def passthrough_source(self, fh: int, *, rdwr: bool = False) -> tuple[int, str] | None:
@@ -324,11 +288,10 @@ class FileOps(CoreBase):
         """Return once this file's content (and the closed versions before it) is committed
         at the origin; EIO naming the file if it cannot be, or lost a conflict."""
         h = self._handle(fh)
-        st = h.staged
+        st = self.opens.staged(h.opened)
         self.passthrough.sync(st)
         if st is None or st.path is None:
             return
-        await self.area.quiesce(st)
-        if st.dirty:
-            self.area.journal_closed(st)  # later writes go to a new version
+        await self.area.io.quiesce(st)
+        self.area.close_version(st, barrier=True)  # later writes go to a new version
         await self.commit_now(st)

@@ -98,8 +98,9 @@ class Filesystem(NameOps):
             return self._attr(node)
         if node.path is None:
             # unlinked (or replaced) while open: its handles keep working; no name is left
-            if node.staged is not None:
-                return dataclasses.replace(self._staged_attr(node, node.staged), nlink=0)
+            held = self.opens.of_file(node.ino)
+            if held is not None:
+                return dataclasses.replace(self._staged_attr(node, held), nlink=0)
             if node.entry is None:
                 raise err(errno.ESTALE, "replaced or removed")
             return dataclasses.replace(self._entry_attr(node, node.entry), nlink=0)
@@ -150,28 +151,26 @@ class Filesystem(NameOps):
                 raise err(errno.EINVAL, "negative size")
             handle = self.handles.get(fh) if fh is not None else None
             async with node.lock:
-                if handle is not None and handle.writable and handle.staged is not None:
+                temporary = None
+                if handle is not None and handle.writable and handle.opened is not None:
                     st = await self._writable(handle)
-                    temporary = False
                 else:
                     live = await self._stage(node, truncate=size == 0)
-                    st = await self.area.open_write(live, truncate=size == 0)
+                    temporary = await self.opens.open(live, None, writable=True, truncate=size == 0)
+                    st = self.opens.version(temporary)
                     self.passthrough.in_place(st)
-                    temporary = True
-                st.refs += 1  # keep it while we wait below
                 try:
                     # no space is reserved: an extension is a hole (staging counts allocated
                     # bytes); a size the staging filesystem cannot hold is its EFBIG
                     if size != st.size or size != 0:
-                        await self.area.truncate(st, size)
+                        await self.area.io.truncate(st, size)
                 finally:
-                    st.refs -= 1
-                    if temporary:
-                        self.area.close_writer(st)
-                    self.area.release(st)
-                    self.area.notify()
+                    if temporary is not None:
+                        self.opens.close_now(temporary)
         if any(v is not None for v in (mode, mtime_ns, uid, gid, atime_ns)):
-            cur = self.area.get(node.path) if node.path is not None else node.staged
+            cur = (
+                self.area.get(node.path) if node.path is not None else self.opens.of_file(node.ino)
+            )
             if cur is not None:
                 self.passthrough.sync(cur)  # writes the kernel made directly count as dirty
             new_mode = None if mode is None else stat.S_IMODE(mode)
@@ -202,7 +201,7 @@ class Filesystem(NameOps):
                 node.entry = entry
                 node.fetched = time.monotonic()
                 self.listings.record(node.path, entry)
-        if node.path is None and node.entry is not None and node.staged is None:
+        if node.path is None and node.entry is not None and self.opens.of_file(node.ino) is None:
             return self._entry_attr(node, node.entry)
         return self._attr(node)
 

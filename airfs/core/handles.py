@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from airfs.origin.base import Entry, Kind
+from airfs.writeback.opens import Opened
 from airfs.writeback.versions import Staged
 
 from .attrs import Attr
@@ -26,13 +27,14 @@ def err(code: int, msg: str) -> OSError:
 
 @dataclass(eq=False)
 class Handle:
-    """An open file. Writers always have ``staged``; readers have it when the file was staged
-    at open, else an origin ``reader``."""
+    """An open file. Writers always have ``opened`` (their hold on the staged file; the
+    version it uses is :meth:`~airfs.writeback.opens.Opens.version`'s to say); readers have
+    it when the file was staged at open, else an origin ``reader``."""
 
     fh: int
     node: Node
     writable: bool
-    staged: Staged | None
+    opened: Opened | None
     reader: Reader | None = None
     #: origin version served by ``reader``
     version: str | None = None

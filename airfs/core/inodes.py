@@ -21,15 +21,11 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import trio
 
 from airfs.origin.base import Entry, Kind
 from airfs.util.pathindex import PathDict, PathIndex
-
-if TYPE_CHECKING:
-    from airfs.writeback.staging import Staged
 
 ROOT_INO = 1
 LAST_KNOWN_MAX = 100_000
@@ -47,7 +43,6 @@ class Node:
     fetched: float
     lookups: int = 0
     opens: int = 0
-    staged: Staged | None = None
     #: The version whose bytes the kernel may hold in its page cache for this inode.
     cached_version: str | None = None
     lock: trio.Lock = field(default_factory=trio.Lock)
@@ -214,7 +209,7 @@ class InodeTable:
 
     def maybe_drop(self, node: Node) -> None:
         """Forget ``node`` entirely once nothing references it."""
-        if node.ino == ROOT_INO or node.lookups or node.opens or node.staged is not None:
+        if node.ino == ROOT_INO or node.lookups or node.opens:
             return
         self._by_ino.pop(node.ino, None)
         self.split(node)

@@ -351,9 +351,8 @@ class NameOps(FileOps):
             # what is written so far is committed and linked, as by fsync (object_store links
             # its temporary file while it is still open); bytes written after the link commit
             # to ``src`` alone later (a commit writes a new file: the names then part)
-            await self.area.quiesce(st)
-            if st.dirty:
-                self.area.journal_closed(st)
+            await self.area.io.quiesce(st)
+            self.area.close_version(st, barrier=True)
             await self.commit_now(st)
         held = self.area.hold(src, dst)
         try:

@@ -32,9 +32,10 @@ kernel fails the open with EIO). Each inode with open handles is in one mode:
   inode) and retries the open once. Handles already open keep the old bytes, as if the file
   had been replaced by a rename.
 
-Passthrough writes are not bounded by the staging limit (only by the disk, whose ENOSPC the
-writer then gets at once): writable opens start passthrough only while the staging area has
-``write_headroom`` (1 GiB) to spare below its limit; otherwise (and always with a smaller
+Passthrough writes are not bounded by the staging limit nor by its free-disk floor (only by
+the disk, whose ENOSPC the writer then gets at once): writable opens start passthrough only
+while the staging area has ``write_headroom`` (1 GiB) to spare below its limit and above the
+floor (:mod:`airfs.writeback.space`); otherwise (and always with a smaller
 ``--staging-size``) they are daemon-served, which waits for commits to free space and then
 fails with ENOSPC. A staged file
 with passthrough writers is never forked to a new version by the daemon (``in_place``): writes
@@ -52,6 +53,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airfs.origin.base import OriginError
+from airfs.writeback.opens import Opens
 from airfs.writeback.staging import Staged, StagingArea
 
 from .handles import Handle
@@ -127,6 +129,7 @@ class Passthrough:
     def __init__(
         self,
         area: StagingArea,
+        opens: Opens,
         readpath: ReadPath,
         inodes: InodeTable,
         *,
@@ -134,6 +137,7 @@ class Passthrough:
         write_headroom: int = WRITE_HEADROOM,
     ) -> None:
         self.area = area
+        self.opens = opens
         self.readpath = readpath
         self.inodes = inodes
         self.small_max = small_max
@@ -185,8 +189,8 @@ class Passthrough:
         mode.opens += 1
         self._keys[cand.key] += 1
         rec = _Open(ino, True, cand.key, local=cand.local)
-        if h.writable and h.staged is not None:
-            st = rec.staged = h.staged
+        if h.writable and h.opened is not None:
+            st = rec.staged = self.opens.version(h.opened)
             self._writers[st] = self._writers.get(st, 0) + 1
             if st not in self._seen:
                 s = os.fstat(st.fd)
@@ -206,7 +210,7 @@ class Passthrough:
         self.counts["daemon_opens"] += 1
 
     async def _candidate(self, h: Handle, *, starting: bool, rdwr: bool) -> _Candidate | None:
-        st = h.staged
+        st = self.opens.staged(h.opened)
         if st is not None:
             if h.writable and (rdwr or (starting and not self._room())):
                 return None  # an O_RDWR open never passes through, not even by joining
@@ -224,8 +228,13 @@ class Passthrough:
         return _Candidate(lf.fd, lf.key, lf)
 
     def _room(self) -> bool:
+        """``write_headroom`` to spare below the staging limit and above the free-disk floor
+        (passthrough writes are held to neither once started)."""
         a = self.area
-        return a.limit - a.bytes >= self.write_headroom
+        if a.limit - a.bytes < self.write_headroom:
+            return False
+        floor = a.floor
+        return floor.min_free == 0 or floor.free(a.bytes) - floor.min_free >= self.write_headroom
 
     def refused(self, fh: int) -> None:
         """The transport could not register the file of ``fh`` with the kernel: it is served

@@ -62,7 +62,7 @@ async def build(
     *,
     ttl: float = 1.0,
     staging_size: int = 100 << 30,
-    staging_min_free: int = 0,
+    staging_min_free: int | None = None,
     write_wait: float = 30.0,
     allow_devices: bool = False,
     guard: Guard | None = None,
@@ -80,6 +80,8 @@ async def build(
     Raises :class:`~airfs.writeback.journal.JournalDamaged` when the journal cannot be
     trusted (see :func:`airfs.writeback.recovery.recover`), and the origin's errors when its
     root cannot be read. ``upload=False`` (tests) leaves the uploader stopped.
+    ``staging_min_free``: the free space staged files leave on the cache filesystem (None:
+    :func:`~airfs.writeback.space.default_min_free`; 0: no floor).
     ``remove_temporaries`` (:meth:`~airfs.origin.posix.PosixOrigin.remove_temporaries`) is
     given the directories where a commit cut short by a crash may have left this node's
     temporary files, after recovery and before the first commit.

@@ -26,6 +26,9 @@ class MountConfig:
     cache_size: int = 50 << 30
     min_free: int = 5 << 30
     staging_size: int = 100 << 30
+    #: free space the staging files leave on the cache filesystem (None: 3% of it, at most
+    #: 512 MiB: :func:`airfs.writeback.space.default_min_free`; 0: no floor)
+    staging_min_free: int | None = None
     ttl: float = 1.0
     log_file: str | None = None
     allow_other: bool | None = None

@@ -189,6 +189,7 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
             cfg.cache_dir,
             ttl=cfg.ttl,
             staging_size=cfg.staging_size,
+            staging_min_free=cfg.staging_min_free,
             write_wait=cfg.write_wait,
             allow_devices=cfg.allow_devices,
             readpath=functools.partial(make_readpath, cfg),

@@ -54,7 +54,7 @@ def _xattr(path: str, name: str) -> bytes | None:
 
 
 def open_area(
-    cache_dir: str, *, limit: int, min_free: int, rebuild: bool, hint: str = ""
+    cache_dir: str, *, limit: int, min_free: int | None, rebuild: bool, hint: str = ""
 ) -> StagingArea:
     """The staging area of ``cache_dir``. A journal that cannot even be opened (truncated,
     not LMDB) is refused with the way out; with ``rebuild`` it is moved aside

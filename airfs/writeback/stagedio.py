@@ -2,8 +2,8 @@
 ones in worker threads, counted *in flight* so that a version is never journaled while a
 change of its bytes runs), and the space reservation writers wait on.
 
-:class:`StagedBytes` is the part of :class:`~airfs.writeback.staging.StagingArea` that does
-this; the area provides the state and the four hooks declared here.
+:class:`StagedBytes` is a collaborator of :class:`~airfs.writeback.staging.StagingArea`
+(``area.io``); what it needs of the area is the :class:`SpaceOwner` protocol.
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import builtins
 import errno
 import os
 from collections.abc import Callable
+from typing import Protocol
 
 import trio
 
+from .space import DiskFloor
 from .stagefiles import pwrite_all, read_cached
 from .versions import Staged
 
-__all__ = ["WRITE_HOP_MIN", "StagedBytes"]
+__all__ = ["WRITE_HOP_MIN", "SpaceOwner", "StagedBytes", "allocated"]
 
 #: writes at least this long are made in a worker thread (a shorter one costs less than the
 #: round trip to the thread on this machine: 2 us against 150-600 us for 4 KiB; 33 us for
@@ -26,26 +28,47 @@ __all__ = ["WRITE_HOP_MIN", "StagedBytes"]
 WRITE_HOP_MIN = 64 << 10
 
 
-class StagedBytes:
-    """Byte I/O and space of staged versions (a part of the staging area; trio loop only)."""
+def allocated(st: Staged) -> int:
+    """The bytes ``st``'s file takes on disk (its size, holes aside). One ``fstat``."""
+    try:
+        return min(st.size, os.fstat(st.fd).st_blocks * 512)
+    except OSError:
+        return st.size
+
+
+class SpaceOwner(Protocol):
+    """What :class:`StagedBytes` needs of the staging area."""
 
     dir: str
     limit: int
-    min_free: int
+    #: the free-disk floor of the staging filesystem (:mod:`airfs.writeback.space`)
+    floor: DiskFloor
     #: bytes the staged versions take (allocated, so a sparse file costs what it stores)
     bytes: int
 
     def notify(self) -> None:
-        raise NotImplementedError
+        """Wake every task waiting for a change."""
+        ...
 
     def change_event(self) -> trio.Event:
-        raise NotImplementedError
+        """An event set at the next change."""
+        ...
 
     def release(self, st: Staged) -> bool:
-        raise NotImplementedError
+        """Drop ``st`` if it is clean, closed and unreferenced."""
+        ...
 
-    def journal_closed(self, st: Staged) -> None:
-        raise NotImplementedError
+    def close_version(self, st: Staged, *, other_writers: int = 0, barrier: bool = False) -> None:
+        """Journal ``st`` if it is closed now (:func:`~airfs.writeback.versions.close_due`)."""
+        ...
+
+
+class StagedBytes:
+    """Byte I/O and space of staged versions, for the staging area ``area`` (trio loop
+    only)."""
+
+    def __init__(self, area: SpaceOwner) -> None:
+        self.area = area
 
     async def read(self, st: Staged, offset: int, size: int) -> builtins.bytes:
         """Read staged bytes: on the loop when they are all in the page cache
@@ -58,12 +81,12 @@ class StagedBytes:
             return await trio.to_thread.run_sync(os.pread, st.fd, size, offset)
         finally:
             st.refs -= 1
-            self.release(st)
+            self.area.release(st)
 
     async def write(self, st: Staged, offset: int, data: builtins.bytes | memoryview) -> int:
         """Write ``data`` at ``offset`` of ``st`` (in a worker thread from
         :data:`WRITE_HOP_MIN` bytes). While it is in flight ``st`` is changed (its
-        generation moved) but never journaled (:meth:`journal_closed` waits for it)."""
+        generation moved) but never journaled (a close waits for it: ``close_wanted``)."""
         if st.closed_version and st.path is not None:
             raise AssertionError(f"staged {st.id}: a closed version is never written")
         if len(data) < WRITE_HOP_MIN:
@@ -73,7 +96,7 @@ class StagedBytes:
             n = await self._in_flight(st, pwrite_all, st.fd, data, offset)
         end = offset + n
         if end > st.size:
-            self.bytes += end - st.size
+            self.area.bytes += end - st.size
             st.size = end
         st.touch()
         return n
@@ -83,10 +106,10 @@ class StagedBytes:
         if st.closed_version and st.path is not None:
             raise AssertionError(f"staged {st.id}: a closed version is never truncated")
         st.touch()
-        before = self._allocated(st)
+        before = allocated(st)
         await self._in_flight(st, os.ftruncate, st.fd, size)
         st.size = size
-        self.bytes += self._allocated(st) - before
+        self.area.bytes += allocated(st) - before
         st.touch()
 
     async def _in_flight(self, st: Staged, fn: Callable[..., int | None], *args: object) -> int:
@@ -100,49 +123,46 @@ class StagedBytes:
             st.inflight -= 1
             st.refs -= 1
             if st.inflight == 0:
-                if st.close_wanted:
-                    self.journal_closed(st)
-                self.notify()
-            self.release(st)
+                if st.close_wanted:  # a close decided meanwhile, made now
+                    st.close_wanted = False
+                    self.area.close_version(st, barrier=True)
+                self.area.notify()
+            self.area.release(st)
 
     async def quiesce(self, st: Staged) -> None:
         """Wait until no change of ``st``'s bytes is in flight (before journaling it)."""
         while st.inflight:
-            ev = self.change_event()
+            ev = self.area.change_event()
             if st.inflight:
                 await ev.wait()
 
-    @staticmethod
-    def _allocated(st: Staged) -> int:
-        try:
-            return min(st.size, os.fstat(st.fd).st_blocks * 512)
-        except OSError:
-            return st.size
-
     async def reserve(self, st: Staged, end: int, wait_s: float) -> None:
-        """Wait until growing ``st`` to ``end`` bytes fits the space limits; ENOSPC after
-        ``wait_s`` seconds of waiting for commits to free space."""
+        """Wait until growing ``st`` to ``end`` bytes fits the space limits (the staging
+        limit, and the free-disk floor: :mod:`airfs.writeback.space`); ENOSPC, before
+        anything is written, after ``wait_s`` seconds of waiting for commits to free space.
+        No system call when it fits (the floor's measurement is cached)."""
         grow = end - st.size
-        if grow <= 0 or await self._fits(grow):
+        if grow <= 0 or self._fits(grow):
             return
         with trio.move_on_after(wait_s):
             while True:
-                ev = self.change_event()
-                if await self._fits(grow):
+                ev = self.area.change_event()
+                if self._fits(grow):
                     return
-                await ev.wait()
-        raise OSError(
-            errno.ENOSPC,
-            f"staging area full ({self.bytes} bytes of {self.limit} waiting for commit)",
-        )
+                with trio.move_on_after(self.area.floor.interval):  # space freed by others too
+                    await ev.wait()
+        a = self.area
+        if a.bytes + grow > a.limit:
+            msg = f"staging area full ({a.bytes} bytes of {a.limit} waiting for commit)"
+        else:
+            msg = (
+                f"cache filesystem of {a.dir} nearly full: {a.floor.free(a.bytes)} "
+                f"bytes free, {grow} more would go under the staging floor of "
+                f"{a.floor.min_free} (--staging-min-free); {a.bytes} staged bytes "
+                "waiting for commit"
+            )
+        raise OSError(errno.ENOSPC, msg)
 
-    async def _fits(self, grow: int) -> bool:
-        if self.bytes + grow > self.limit:
-            return False
-        if grow < (1 << 20) and self.min_free == 0:
-            return True
-        try:
-            sv = await trio.to_thread.run_sync(os.statvfs, self.dir)
-        except OSError:
-            return True
-        return sv.f_bavail * sv.f_frsize - grow >= self.min_free
+    def _fits(self, grow: int) -> bool:
+        a = self.area
+        return a.bytes + grow <= a.limit and a.floor.fits(grow, a.bytes)

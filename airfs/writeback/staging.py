@@ -17,7 +17,10 @@ one; when it lands, ``base`` becomes its version and the versions before it are 
 
 A :class:`Staged` version is:
 
-* open for writing while ``writers > 0``;
+* open for writing while ``writers > 0`` (open handles hold versions through
+  :class:`~airfs.writeback.opens.Opens`, the only owner of ``writers`` and of the handles'
+  references; whether a version is closed is :func:`~airfs.writeback.versions.close_due`'s
+  rule, applied by :meth:`StagingArea.close_version`);
 * ``dirty`` (``gen != committed_gen``): has content the origin does not have; once closed it has
   a journal record (``seq``) describing exactly its bytes (``closed_version``);
 * dropped (its file deleted) by :meth:`StagingArea.release` once clean or superseded and
@@ -36,11 +39,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import itertools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import trio
 
@@ -49,10 +51,12 @@ from airfs.util.pathindex import PathDict
 
 from .barrier import failure_message, wait_committed
 from .diskq import DiskQueue
-from .journal import PATH_XATTR, RECORD_XATTR, Journal, Record
-from .stagedio import WRITE_HOP_MIN, StagedBytes
+from .journal import Journal
+from .records import Records
+from .space import DiskFloor, StatVfs, default_min_free
+from .stagedio import WRITE_HOP_MIN, StagedBytes, allocated
 from .stagefiles import open_spares
-from .versions import PathState, Staged
+from .versions import Close, PathState, Staged, close_due
 
 __all__ = ["WRITE_HOP_MIN", "PathState", "Staged", "StagingArea", "failure_message"]
 
@@ -62,10 +66,20 @@ SPARES = 16
 log = logging.getLogger(__name__)
 
 
-class StagingArea(StagedBytes):
+class StagingArea:
     """Staged files by path, their journal, and the space they use. Trio loop only."""
 
-    def __init__(self, cache_dir: str, *, limit: int, min_free: int = 1 << 30) -> None:
+    def __init__(
+        self,
+        cache_dir: str,
+        *,
+        limit: int,
+        min_free: int | None = None,
+        statvfs: StatVfs = os.statvfs,
+    ) -> None:
+        """The area under ``cache_dir``: at most ``limit`` staged bytes, and never less than
+        ``min_free`` bytes left free on its filesystem (None: :func:`default_min_free`; 0:
+        no floor). ``statvfs`` measures the filesystem (a test's fake)."""
         self.dir = os.path.join(cache_dir, "staging")
         self.recovered_dir = os.path.join(cache_dir, "recovered")
         self.conflicts_dir = os.path.join(cache_dir, "conflicts")
@@ -75,8 +89,16 @@ class StagingArea(StagedBytes):
         self.journal = Journal(self.journal_dir)
         #: every journal and staging-file change besides file bytes, applied off the loop
         self.disk = DiskQueue(self.journal)
+        #: the versions' records, queued on ``disk``
+        self.records = Records(self.disk)
         self.limit = limit
-        self.min_free = min_free
+        if min_free is None:
+            min_free = default_min_free(self.dir, statvfs)
+        self.floor = DiskFloor(self.dir, min_free, statvfs=statvfs)
+        #: bytes the staged versions take (allocated, so a sparse file costs what it stores)
+        self.bytes = 0
+        #: reads, writes and truncates of the versions' bytes, and space reservations
+        self.io = StagedBytes(self)
         #: live files by path, indexed by directory (``children``/``under`` cost what they
         #: return, not the number of staged files)
         self.paths: PathDict[PathState] = PathDict()
@@ -84,8 +106,6 @@ class StagingArea(StagedBytes):
         #: still uploading or read
         self.all: dict[str, Staged] = {}
         self._changed = trio.Event()
-        self._seq = itertools.count(int(time.time() * 1000))
-        self.bytes = 0
         self._crashed = False
         #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
         #: the path fails naming them, even when the conflict happened before it started
@@ -105,9 +125,8 @@ class StagingArea(StagedBytes):
         if not self._spares:
             self._spares = await trio.to_thread.run_sync(open_spares, self.dir, SPARES)
         sid, file, fd = self._spares.pop()
-        raw = path.encode("utf-8", "surrogateescape")
-        self.disk.set_xattr(fd, PATH_XATTR, raw, sid)
         st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
+        self.records.name(st, path)
         self.all[sid] = st
         return st
 
@@ -145,13 +164,15 @@ class StagingArea(StagedBytes):
         ps.versions.append(st)
         self.paths[ps.path] = ps
         self.all[st.id] = st
-        self.bytes += self._allocated(st)
+        self.bytes += allocated(st)
         if st.seq is not None:
-            self._seq = itertools.count(max(next(self._seq), st.seq + 1))
+            self.records.seen(st.seq)
 
-    async def _new_version(self, st: Staged, *, copy: bool) -> Staged:
+    async def new_version(self, st: Staged, *, copy: bool) -> Staged:
         """A new version after live version ``st`` (a copy of its bytes when ``copy``),
-        appended once complete (readers never see a partial copy)."""
+        appended once complete (readers never see a partial copy). ENOENT when ``st`` was
+        deleted or replaced meanwhile. Writers are moved to it by
+        :class:`~airfs.writeback.opens.Opens`, never here."""
         ps = st.ps
         assert ps is not None and ps.path is not None
         path = ps.path
@@ -161,10 +182,10 @@ class StagingArea(StagedBytes):
             new.mode, new.uid, new.gid, new.atime_ns = st.mode, st.uid, st.gid, st.atime_ns
             try:
                 if copy and st.size:
-                    await self.reserve(new, self._allocated(st), 0)  # what it stores, holes aside
+                    await self.io.reserve(new, allocated(st), 0)  # what it stores, holes aside
                     await trio.to_thread.run_sync(copy_sparse, st.fd, new.fd, st.size)
                     new.size = st.size
-                    self.bytes += self._allocated(new)
+                    self.bytes += allocated(new)
             except BaseException:
                 self._drop(new)
                 raise
@@ -175,117 +196,35 @@ class StagingArea(StagedBytes):
             self.release(st)
             raise OSError(errno.ENOENT, f"{path}: removed while being opened")
         if ps.path != path:  # renamed meanwhile: the new file commits to the new name
-            raw = ps.path.encode("utf-8", "surrogateescape")
-            self.disk.set_xattr(new.fd, PATH_XATTR, raw, new.id)
+            self.records.name(new, ps.path)
         new.mtime_ns = st.mtime_ns if copy else time.time_ns()
         new.ps = ps
         ps.versions.append(new)
         self.release(st)  # committed meanwhile: no longer needed
         return new
 
-    async def open_write(self, st: Staged, *, truncate: bool) -> Staged:
-        """Open live version ``st`` for writing; returns the version to write into. A closed
-        version (journaled, not written since) or one being uploaded is never written
-        again: a new version takes its place."""
-        if st.writers == 0 and (st.closed_version or st.uploading):
-            st = await self._new_version(st, copy=not truncate)
-        elif truncate and st.size:
-            await self.truncate(st, 0)
-        st.writers += 1
-        return st
+    def close_version(self, st: Staged, *, other_writers: int = 0, barrier: bool = False) -> None:
+        """``st`` may be closed now: journaled when :func:`~airfs.writeback.versions.close_due`
+        says so (deferred to the end of the writes in flight), else nothing. The older
+        versions it supersedes are dropped in the same journal transaction (but one being
+        uploaded, until its upload ends)."""
+        due = close_due(st, other_writers=other_writers, barrier=barrier)
+        if due is Close.AFTER_WRITES:
+            st.close_wanted = True  # StagedBytes closes it when the writes in flight end
+        elif due is Close.NOW:
+            self._journal(st)
 
-    async def fork(self, st: Staged) -> Staged:
-        """``st`` is a closed version that is still open for writing (written again after
-        ``close()`` of one of its descriptors, through a shared mapping that outlives the
-        ``close()``, or after ``fsync``): its writers move to a copy, so the journaled bytes
-        stay as they were. Returns the version to write into (``st`` itself when its file
-        was deleted while open: nothing will commit it).
-
-        Concurrent forks of one version (the kernel writes a mapping's dirty pages back in
-        parallel WRITEs) make one copy: the later callers wait for it and get the same new
-        version (it may itself be closed again by then: callers loop until the version they
-        get is writable). A fork that failed (ENOSPC) is tried again by the next caller."""
-        while st.forking is not None:
-            await st.forking.wait()
-        if st.forked_to is not None:
-            return st.forked_to
-        if st.ps is None or st.ps.live is not st:
-            return st
-        ev = st.forking = trio.Event()
-        try:
-            new = await self._new_version(st, copy=True)
-        finally:
-            st.forking = None
-            ev.set()
-        new.writers, st.writers = st.writers, 0
-        st.forked_to = new
-        return new
-
-    def close_writer(self, st: Staged) -> None:
-        """One writer of ``st`` closed. The last one journals its content (it survives a daemon
-        crash from here on)."""
-        if st.writers <= 0:
-            raise AssertionError(f"staged {st.id}: writer count would go negative")
-        st.writers -= 1
-        if st.writers == 0:
-            self.journal_closed(st)
-            if st.ps is not None and st.ps.path is not None and st.closed_version:
-                self.on_ready(st.ps)  # a closed version waits for its last writer
-
-    def journal_closed(self, st: Staged) -> None:
-        """Record ``st`` as closed with content to commit (no-op if it is clean, deleted, or
-        already journaled at this generation); the older versions it supersedes are dropped
-        in the same journal transaction (but one being uploaded, until its upload ends)."""
+    def _journal(self, st: Staged) -> None:
         ps = st.ps
-        if ps is None or ps.path is None or not st.dirty or st.closed_version:
-            return
-        if st.inflight:
-            st.close_wanted = True  # journaled when the writes in flight end
-            return
+        assert ps is not None and ps.path is not None
         st.close_wanted = False
-        seq = next(self._seq) if st.seq is None else st.seq
-        first = time.time_ns() if st.seq is None else st.first_pending_ns
         older = ps.versions[: ps.versions.index(st)]
         drop = [v for v in older if not v.uploading]
-        rec = Record(
-            st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first, st.uid, st.gid
-        )
+        self.records.close(st, drop)
         for v in drop:
-            if v.seq is not None:
-                self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
-        self.disk.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
-        st.seq, st.first_pending_ns, st.journaled_gen = seq, first, st.gen
-        if drop:
-            st.first_pending_ns = min(v.first_pending_ns or first for v in [st, *drop])
-        self.disk.set_xattr(st.fd, RECORD_XATTR, rec.encode(), st.id)
-        for v in drop:
-            v.seq = None
             v.replaced_by = st
             self._unlink_version(v)
         self.on_ready(ps)
-
-    def _record(self, st: Staged) -> Record:
-        ps = st.ps
-        assert ps is not None and ps.path is not None and st.seq is not None
-        return Record(
-            st.id,
-            ps.path,
-            ps.base,
-            st.mode,
-            st.mtime_ns,
-            st.seq,
-            st.first_pending_ns,
-            st.uid,
-            st.gid,
-        )
-
-    def _rejournal(self, versions: Iterable[Staged]) -> None:
-        sts = [v for v in versions if v.seq is not None and v.path is not None]
-        if sts:
-            recs = [self._record(v) for v in sts]
-            self.disk.write(puts=recs)
-            for v, rec in zip(sts, recs, strict=True):
-                self.disk.set_xattr(v.fd, RECORD_XATTR, rec.encode(), v.id)
 
     # -- lookups ---------------------------------------------------------------------------
 
@@ -352,7 +291,7 @@ class StagingArea(StagedBytes):
             st.mtime_ns = mtime_ns
         if atime_ns is not None:
             st.atime_ns = atime_ns
-        self._rejournal(self.versions(st))
+        self.records.rewrite(self.versions(st))
 
     def move(self, old: str, new: str, *, rebase: bool = False, base: str | None = None) -> None:
         """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was
@@ -374,10 +313,9 @@ class StagingArea(StagedBytes):
             if rebase and ps.path == new:
                 ps.base = base
             for v in ps.versions:
-                raw = ps.path.encode("utf-8", "surrogateescape")
-                self.disk.set_xattr(v.fd, PATH_XATTR, raw, v.id)
+                self.records.name(v, ps.path)
                 changed.append(v)
-        self._rejournal(changed)
+        self.records.rewrite(changed)
 
     def discard(self, st: Staged) -> None:
         """``st``'s file was deleted or replaced: none of its versions will be committed."""
@@ -389,14 +327,10 @@ class StagingArea(StagedBytes):
     def discard_path(self, ps: PathState) -> None:
         if ps.path is not None and self.paths.get(ps.path) is ps:
             del self.paths[ps.path]
-        journaled = [v for v in ps.versions if v.seq is not None]
-        for v in journaled:
-            self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
-        self.disk.write(deletes=[v.id for v in journaled])
+        self.records.rewrite((), forget=ps.versions)
         self._drop_priors(ps)
         ps.path = None
         for v in list(ps.versions):
-            v.seq = None
             v.committed_gen = v.gen
             if not v.uploading:
                 self._unlink_version(v)
@@ -416,16 +350,8 @@ class StagingArea(StagedBytes):
         i = ps.versions.index(st) if st in ps.versions else -1
         done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
         newer = ps.versions[i + 1 :]
-        journaled = [v for v in done if v.seq is not None]
-        for v in journaled:
-            self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
-        recs = [self._record(v) for v in newer if v.seq is not None]
-        self.disk.write(puts=recs, deletes=[v.id for v in journaled])
-        for v in newer:
-            if v.seq is not None:
-                self.disk.set_xattr(v.fd, RECORD_XATTR, self._record(v).encode(), v.id)
+        self.records.rewrite(newer, forget=done)
         for v in done:
-            v.seq = None
             if v is not st:
                 v.replaced_by = st
         if not st.dirty:
@@ -468,7 +394,7 @@ class StagingArea(StagedBytes):
         if ps.base == version:
             return
         ps.base = version
-        self._rejournal(ps.versions)
+        self.records.rewrite(ps.versions)
 
     def upload_finished(self, ps: PathState, st: Staged) -> None:
         """The uploader is done with ``st`` (whatever the outcome)."""
@@ -503,7 +429,7 @@ class StagingArea(StagedBytes):
                 del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
-        self.bytes -= self._allocated(st)
+        self.bytes -= allocated(st)
         self.disk.drop(st.file, st.fd, st.id)
         self.notify()
         return True
@@ -517,10 +443,7 @@ class StagingArea(StagedBytes):
         """``st`` lost a conflict at ``path``; its bytes are in ``kept``: forget it."""
         st.conflict = (path, kept)
         self.unreported.append(st.conflict)
-        if st.seq is not None:
-            self.disk.remove_xattr(st.fd, RECORD_XATTR, st.id)
-            self.disk.write(deletes=(st.id,))
-            st.seq = None
+        self.records.rewrite((), forget=[st])
         st.committed_gen = st.gen
         ps = st.ps
         if ps is not None and ps.live is st and len(ps.versions) == 1:

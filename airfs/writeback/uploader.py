@@ -339,10 +339,10 @@ class Uploader:
         caller to give up)."""
         live = self.area.under(dir_path)
         for st in live:
-            await self.area.quiesce(st)
+            await self.area.io.quiesce(st)
             if st.dirty:
                 # committed as it is now: journaled, so that later writes go to a new version
-                self.area.journal_closed(st)
+                self.area.close_version(st, barrier=True)
         targets = [(v, v.gen) for st in live for v in self.area.versions(st) if v.dirty]
         out = await self.commit(targets, on_progress)
         prefix = dir_path + "/" if dir_path else ""

@@ -4,12 +4,13 @@ at the origin) and :class:`Staged` (one version). Their life cycle is
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass, field
 
 import trio
 
-__all__ = ["PathState", "Staged"]
+__all__ = ["Close", "PathState", "Staged", "close_due"]
 
 
 @dataclass(eq=False)
@@ -124,3 +125,35 @@ class Staged:
     def touch(self) -> None:
         self.gen += 1
         self.mtime_ns = self.ctime_ns = time.time_ns()
+
+
+class Close(enum.Enum):
+    """What :func:`close_due` decides for a version."""
+
+    #: nothing to journal: clean, deleted, already closed, or other writers still write it
+    NO = "no"
+    #: closed now: journal it (its bytes survive a daemon crash from here on)
+    NOW = "now"
+    #: closed, but a change of its bytes runs in a worker thread: journaled when it ends
+    AFTER_WRITES = "after-writes"
+
+
+def close_due(st: Staged, *, other_writers: int, barrier: bool) -> Close:
+    """The one rule for "this file is now closed" (journaled as it is, so that it survives a
+    daemon crash and may be committed).
+
+    A version is closed when it has content the origin lacks (``dirty``), still has a path
+    (a deleted file is never committed), is not closed already at this generation, and either
+    no *other* writer has it open (``other_writers``: its writers besides the one closing:
+    ``close()`` of the last descriptor, a release) or a ``barrier`` asks for it as it is now
+    (``fsync``, ``link``, ``airfs flush``, the end of a close deferred by writes in flight).
+    While a change of its bytes runs in a worker thread the close is deferred to its end
+    (never a record of bytes still changing).
+
+    Committing is a separate rule (:meth:`PathState.candidate`): a closed version that still
+    has writers waits for the last one unless a barrier made it urgent."""
+    if st.path is None or not st.dirty or st.closed_version:
+        return Close.NO
+    if not barrier and other_writers > 0:
+        return Close.NO
+    return Close.AFTER_WRITES if st.inflight else Close.NOW

@@ -197,7 +197,11 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
     origin.mkdir()
     (tmp_path / "mnt").mkdir()
     try:
-        m = mount(str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "1M")
+        # no staging floor: the disk itself runs full (the floor is the next test's)
+        m = mount(
+            str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "1M",
+            "--staging-min-free", "0",
+        )  # fmt: skip
         m.expect_errors(r"\[Errno 28\]")
         try:
             (m.mountpoint / "kept.bin").write_bytes(b"k" * 100_000)
@@ -212,6 +216,51 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
             assert (origin / "kept.bin").read_bytes() == b"k" * 100_000
             assert (origin / "after.bin").read_bytes() == b"a" * 1000
             assert m.alive()
+        finally:
+            teardown(m)
+    finally:
+        subprocess.run(["umount", "-l", str(cache)], check=False)
+
+
+
+def test_staging_leaves_its_floor_free_and_keeps_every_accepted_byte(tmp_path: Path) -> None:
+    """Issue 21: the staging area filled the cache filesystem to 0 bytes free (its floor was
+    0 in the daemon). A write that would go under ``--staging-min-free`` gets ENOSPC; the
+    floor is left free; every byte a write accepted is committed."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (mounts a small tmpfs as the cache dir)")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(cache)], check=True)
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (tmp_path / "mnt").mkdir()
+    try:
+        m = mount(
+            str(origin), tmp_path / "mnt", cache, "--staging-min-free", "16M",
+            "--write-wait", "1",
+        )  # fmt: skip
+        m.expect_errors(r"write: \[Errno 28\] cache filesystem of .* nearly full")
+        try:
+            fd = os.open(m.mountpoint / "big.bin", os.O_WRONLY | os.O_CREAT, 0o644)
+            accepted = 0
+            try:
+                with pytest.raises(OSError) as info:
+                    for i in range(80):
+                        accepted += os.write(fd, bytes([i]) * (1 << 20))
+                assert info.value.errno == errno.ENOSPC
+                sv = os.statvfs(cache)
+                assert sv.f_bavail * sv.f_frsize >= 15 << 20  # the floor, less the journal's
+                assert 30 << 20 <= accepted <= 48 << 20
+            finally:
+                os.close(fd)
+            m.flush(timeout=60)
+            data = (origin / "big.bin").read_bytes()
+            assert len(data) == accepted
+            assert data == b"".join(bytes([i]) * (1 << 20) for i in range(accepted >> 20))
+            (m.mountpoint / "after.bin").write_bytes(b"a" * (8 << 20))  # room again
+            m.flush(timeout=60)
+            assert (origin / "after.bin").stat().st_size == 8 << 20
         finally:
             teardown(m)
     finally:

@@ -75,6 +75,7 @@ def _usage_error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
     ("option", "value", "words"),
     [
         ("--staging-size", "0", "--staging-size: must be more than 0"),
+        ("--staging-min-free", "-1M", "--staging-min-free: a size cannot be negative: '-1M'"),
         ("--cache-size", "0", "--cache-size: must be more than 0"),
         ("--cache-size", "-5G", "--cache-size: a size cannot be negative: '-5G'"),
         ("--cache-size", "lots", "--cache-size: not a size"),

@@ -1,0 +1,88 @@
+"""How staged versions are recorded on disk: the journal record of a closed version (in the
+journal, and a copy on its staging file's :data:`~airfs.writeback.journal.RECORD_XATTR`), the
+path attribute every staging file carries, and the record numbers (``seq``).
+
+:class:`Records` only *queues* these changes on the :class:`~airfs.writeback.diskq.DiskQueue`
+(in order, applied off the loop; on disk once the queue settles). Which version is recorded
+when is the staging area's life cycle (:mod:`airfs.writeback.staging`)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable
+
+from .diskq import DiskQueue
+from .journal import PATH_XATTR, RECORD_XATTR, Record
+from .versions import Staged
+
+__all__ = ["Records"]
+
+
+def _record(st: Staged) -> Record:
+    ps = st.ps
+    assert ps is not None and ps.path is not None and st.seq is not None
+    return Record(
+        st.id,
+        ps.path,
+        ps.base,
+        st.mode,
+        st.mtime_ns,
+        st.seq,
+        st.first_pending_ns,
+        st.uid,
+        st.gid,
+    )
+
+
+class Records:
+    """The records of staged versions, queued on ``disk``. Trio loop only."""
+
+    def __init__(self, disk: DiskQueue) -> None:
+        self.disk = disk
+        self._seq = itertools.count(int(time.time() * 1000))
+
+    def seen(self, seq: int) -> None:
+        """A recovered record numbered ``seq``: new records are numbered after it."""
+        self._seq = itertools.count(max(next(self._seq), seq + 1))
+
+    def name(self, st: Staged, path: str) -> None:
+        """``st``'s file will be committed to ``path`` (what recovery names it by)."""
+        self.disk.set_xattr(st.fd, PATH_XATTR, path.encode("utf-8", "surrogateescape"), st.id)
+
+    def close(self, st: Staged, drop: list[Staged]) -> None:
+        """Record ``st`` as closed at its generation (numbered once: a version closed again
+        keeps its number and the time it first became pending), deleting the records of
+        the older versions ``drop`` it supersedes in the same transaction."""
+        ps = st.ps
+        assert ps is not None and ps.path is not None
+        seq = next(self._seq) if st.seq is None else st.seq
+        first = time.time_ns() if st.seq is None else st.first_pending_ns
+        rec = Record(st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first, st.uid, st.gid)
+        for v in drop:
+            if v.seq is not None:
+                self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
+        self.disk.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
+        st.seq, st.first_pending_ns, st.journaled_gen = seq, first, st.gen
+        if drop:
+            st.first_pending_ns = min(v.first_pending_ns or first for v in [st, *drop])
+        self.disk.set_xattr(st.fd, RECORD_XATTR, rec.encode(), st.id)
+        for v in drop:
+            v.seq = None
+
+    def rewrite(self, versions: Iterable[Staged], *, forget: Iterable[Staged] = ()) -> None:
+        """Write the records of the recorded ``versions`` again (their path, base, mode,
+        times or owner changed) and delete those of ``forget`` (their ``seq`` cleared), in
+        one transaction."""
+        gone = [v for v in forget if v.seq is not None]
+        sts = [v for v in versions if v.seq is not None and v.path is not None]
+        if not sts and not gone:
+            return
+        for v in gone:
+            self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
+        recs = [_record(v) for v in sts]
+        self.disk.write(puts=recs, deletes=[v.id for v in gone])
+        for v, rec in zip(sts, recs, strict=True):
+            self.disk.set_xattr(v.fd, RECORD_XATTR, rec.encode(), v.id)
+        for v in gone:
+            v.seq = None
