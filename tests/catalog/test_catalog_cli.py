@@ -57,7 +57,8 @@ def test_commands_outputs_and_exit_codes(tmp_path: Path) -> None:
     for argv, reason in (
         (["create-catalog", "main"], "catalog main exists already"),
         (["create-schema", "nope.raw"], "catalog nope does not exist"),
-        (["drop-schema", "main.raw"], "schema main.raw is not empty (drop its volumes and tables first)"),
+        (["drop-schema", "main.raw"],
+         "schema main.raw is not empty (drop its volumes and tables first)"),
         (["create-volume", "main.raw.bad name"], "bad volume name 'bad name'"),
         (["grant", "USE CATALOG", "ON", "VOLUME", "main.raw.images", "TO", "x"],
          "USE CATALOG cannot be granted on a volume"),
