@@ -103,10 +103,12 @@ def test_metrics_paths_and_methods(make_volume: Callable[..., Volume]) -> None:
     with pytest.raises(urllib.error.HTTPError) as ei:
         scrape(port, "/other")
     assert ei.value.code == 404
+    ei.value.close()  # an HTTPError holds the response (and its socket) open
     req = urllib.request.Request(f"http://127.0.0.1:{port}/metrics", data=b"x", method="POST")
     with pytest.raises(urllib.error.HTTPError) as ei:
         urllib.request.urlopen(req, timeout=10)
     assert ei.value.code == 405
+    ei.value.close()
     assert "airfs_core_ops_total" in scrape(port)  # still serving
 
 
