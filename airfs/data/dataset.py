@@ -231,7 +231,7 @@ class VolumeDataset(IterableDataset[str]):
             paths = (os.path.join(self.root, rel) for rel, _, _ in entries)
         try:
             for path in paths:
-                progress.yielded += 1
+                progress.count += 1
                 counters.local[FILES] += 1
                 counters.tick()
                 yield path

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airfs.util.layoutstate import checked_layout
+from airfs.util.layoutstate import LayoutLike, WorkerProgress, checked_layout, layout_fields
 
 from .sharding import UNKNOWN, Layout
 
@@ -66,8 +66,9 @@ def check_matches(
         )
 
 
-class Progress:
-    """How far one in-process iterator got (in the main process, or one DataLoader worker)."""
+class Progress(WorkerProgress):
+    """How far one in-process iterator got (in the main process, or one DataLoader worker):
+    ``count`` files yielded."""
 
     def __init__(
         self,
@@ -79,22 +80,18 @@ class Progress:
         *,
         own_only: bool,
     ) -> None:
+        super().__init__(layout, worker, own_only=own_only)
         self._base = state
-        self._layout = layout
         self._rank = rank
         self._world = world
-        self._worker = worker
-        self._own_only = own_only
-        self.yielded = 0
 
     def state(self) -> dict[str, Any]:
-        """The state after ``yielded`` files; with ``own_only``, other workers' positions are
-        :data:`~airfs.data.sharding.UNKNOWN`."""
-        layout = self._layout
-        positions = [UNKNOWN] * layout.num_workers if self._own_only else list(layout.skip)
-        positions[self._worker] = layout.skip[self._worker] + self.yielded
-        offset = int(self._base.get("worker_offset", 0)) if self._own_only else 0
-        return state_from(self._base, layout, positions, offset, self._rank, self._world)
+        """The state after ``count`` files; with ``own_only``, other workers' positions are
+        :data:`~airfs.util.layoutstate.UNKNOWN`."""
+        offset = int(self._base.get("worker_offset", 0)) if self.own_only else 0
+        return state_from(
+            self._base, self.layout, self.positions(), offset, self._rank, self._world
+        )
 
 
 class LoaderProgress:
@@ -180,7 +177,7 @@ class LoaderProgress:
 
 def state_from(
     base: dict[str, Any],
-    layout: Layout,
+    layout: LayoutLike,
     positions: list[int],
     worker_offset: int,
     rank: int,
@@ -196,9 +193,7 @@ def state_from(
         "world_size": world,
         "num_files": base["num_files"],
         "fingerprint": base["fingerprint"],
-        "history": [[seg.num_workers, list(seg.positions)] for seg in layout.history],
-        "num_workers": layout.num_workers,
-        "positions": positions,
+        **layout_fields(layout, positions),
         "worker_offset": worker_offset,
     }
 

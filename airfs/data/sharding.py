@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from airfs.util.layoutstate import UNKNOWN as UNKNOWN  # re-exported
+
 Uneven = Literal["pad", "drop"]
 
-UNKNOWN = -1
-"""A position that this state does not know (another worker's, in a per-worker state)."""
 
 
 def epoch_order(num_files: int, *, seed: int, epoch: int, shuffle: bool) -> list[int]:

@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from airfs.util.layoutstate import UNKNOWN as UNKNOWN  # re-exported
+
 from ..data.sharding import Uneven, check_rank, epoch_order, per_rank_count
 
 Interval = tuple[int, int]  # [start, stop) offsets in a rank's span
@@ -155,8 +157,6 @@ class Segment:
     positions: tuple[int, ...]
 
 
-UNKNOWN = -1
-"""A worker position that a state does not hold (another worker's, in a per-worker state)."""
 
 
 def remaining(span: int, history: Sequence[Segment]) -> list[Interval]:

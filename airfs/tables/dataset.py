@@ -14,7 +14,7 @@ import pyarrow as pa
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from airfs.util.layoutstate import checked_layout
+from airfs.util.layoutstate import WorkerProgress, checked_layout, layout_fields
 
 from . import assign
 from .assign import UNKNOWN, Layout, Segment
@@ -231,14 +231,14 @@ class TableDataset(IterableDataset[dict[str, Any]]):
             if self.batch_rows is not None:
                 for batch in batches(tables, self.batch_rows):
                     item = self._convert(batch)
-                    progress.consumed += batch.num_rows
+                    progress.count += batch.num_rows
                     yield item
             else:
                 for t in tables:
                     cols = self._convert(t)
                     for i in range(t.num_rows):
                         row = {k: v[i] for k, v in cols.items()}
-                        progress.consumed += 1
+                        progress.count += 1
                         yield row
         finally:
             tables.close()  # type: ignore[attr-defined]
@@ -353,8 +353,9 @@ def _announce(
         tables.close()  # type: ignore[attr-defined]
 
 
-class _Progress:
-    """How many rows one iterator (the main process, or one DataLoader worker) consumed."""
+class _Progress(WorkerProgress):
+    """How many rows (``count``) one iterator (the main process, or one DataLoader worker)
+    consumed."""
 
     def __init__(
         self,
@@ -366,25 +367,17 @@ class _Progress:
         *,
         own_only: bool,
     ) -> None:
+        super().__init__(layout, worker, own_only=own_only)
         self._base = base
-        self._layout = layout
         self._rank = rank
         self._world = world
-        self._worker = worker
-        self._own_only = own_only
-        self.consumed = 0
 
     def state(self) -> dict[str, Any]:
-        layout = self._layout
-        positions = [UNKNOWN] * layout.num_workers if self._own_only else list(layout.skip)
-        positions[self._worker] = layout.skip[self._worker] + self.consumed
         return {
             **self._base,
             "rank": self._rank,
             "world_size": self._world,
-            "history": [[s.num_workers, list(s.positions)] for s in layout.history],
-            "num_workers": layout.num_workers,
-            "positions": positions,
+            **layout_fields(self.layout, self.positions()),
         }
 
 

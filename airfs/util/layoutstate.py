@@ -1,13 +1,71 @@
-"""The check both resumable datasets (:class:`airfs.data.VolumeDataset`,
-:class:`airfs.tables.TableDataset`) make of a state handed to ``load_state_dict``: its keys and
-their types, its version, and the worker layout it describes (``num_workers``, each worker's
-``positions``, the ``history`` of earlier layouts). Each dataset then checks its own keys."""
+"""What both resumable datasets (:class:`airfs.data.VolumeDataset`,
+:class:`airfs.tables.TableDataset`) share of their resume state: the check of a state handed to
+``load_state_dict`` (its keys and their types, its version, and the worker layout it describes:
+``num_workers``, each worker's ``positions``, the ``history`` of earlier layouts; each dataset
+then checks its own keys), and :class:`WorkerProgress`, how far one in-process iterator got,
+reported as those layout fields."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-__all__ = ["checked_layout"]
+__all__ = ["UNKNOWN", "LayoutLike", "WorkerProgress", "checked_layout", "layout_fields"]
+
+#: a worker position that a state does not hold (another worker's, in a per-worker state)
+UNKNOWN = -1
+
+
+class SegmentLike(Protocol):
+    """A finished layout of a history: its worker count and what each worker consumed."""
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def positions(self) -> Sequence[int]: ...
+
+
+class LayoutLike(Protocol):
+    """The current layout: its worker count, what each worker skips (already consumed), and
+    the history of earlier layouts of the epoch (files for a volume, rows for a table)."""
+
+    @property
+    def num_workers(self) -> int: ...
+
+    @property
+    def skip(self) -> Sequence[int]: ...
+
+    @property
+    def history(self) -> Sequence[SegmentLike]: ...
+
+
+def layout_fields(layout: LayoutLike, positions: list[int]) -> dict[str, Any]:
+    """The state's layout keys: ``history`` (of ``layout``), ``num_workers``, ``positions``."""
+    return {
+        "history": [[seg.num_workers, list(seg.positions)] for seg in layout.history],
+        "num_workers": layout.num_workers,
+        "positions": positions,
+    }
+
+
+class WorkerProgress:
+    """How far one in-process iterator (the main process, or one DataLoader worker) got:
+    ``count`` items consumed after the ``skip`` of its worker. With ``own_only`` (a
+    DataLoader worker, which cannot know the others) the other workers' positions are
+    :data:`UNKNOWN`; else they are where the layout started them."""
+
+    def __init__(self, layout: LayoutLike, worker: int, *, own_only: bool) -> None:
+        self.layout = layout
+        self.worker = worker
+        self.own_only = own_only
+        self.count = 0
+
+    def positions(self) -> list[int]:
+        layout = self.layout
+        out = [UNKNOWN] * layout.num_workers if self.own_only else list(layout.skip)
+        out[self.worker] = layout.skip[self.worker] + self.count
+        return out
 
 
 def checked_layout(
