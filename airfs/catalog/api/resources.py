@@ -1,0 +1,321 @@
+"""``/api/2.1/unity-catalog/``: catalogs, schemas, volumes and their permissions, in Unity
+Catalog's request and response shapes, over the catalog commands of
+:mod:`airfs.catalog.commands` (the same checks as ``airfs catalog``: visibility, ``USE``,
+``CREATE``, ``MANAGE``, ownership).
+
+What a caller may not see answers 404 like a name that does not exist. Listing shows what
+the caller may see, sorted by name, ``max_results`` at a time (absent or 0: up to
+:data:`PAGE`), with an opaque ``next_page_token``. ``PATCH`` takes ``new_name`` (a rename)
+and ``owner`` (``set-owner``); a ``comment`` only where the catalog keeps one unchanged
+(catalogs keep the one given at creation) and no ``properties`` (airfs keeps none).
+
+Permissions (``GET``/``PATCH permissions/{securable_type}/{full_name}``) are the grants made
+directly on the object (inherited ones are not listed, as in Unity Catalog); holders of
+``MANAGE`` see every principal's, others their own. A ``PATCH`` checks every change first,
+then applies them one grant at a time (each a conditional write of the catalog).
+
+Privilege names: requests may write them either way (``USE CATALOG`` or ``USE_CATALOG``);
+responses write them with spaces (Unity Catalog's OpenAPI, which ``unitycatalog-client``
+validates), or with underscores (Databricks' REST API, which ``databricks-sdk`` parses) when
+the caller identifies as ``databricks-sdk`` in its ``User-Agent``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Callable
+from typing import Any
+
+from airfs.catalog.commands import TYPES, parse_name
+from airfs.catalog.model import (
+    GRANTABLE,
+    LEVELS,
+    CatalogError,
+    Metastore,
+    Securable,
+    allowed,
+    check_principal,
+    parse_privilege,
+)
+from airfs.origin.base import OriginError
+
+from .context import Api, Reply, Request
+from .errors import ApiError, bad_request, from_catalog, from_origin, not_found
+
+PREFIX = "/api/2.1/unity-catalog/"
+#: the longest page a list returns
+PAGE = 1000
+
+
+def run(api: Api, req: Request, command: str, args: dict[str, Any]) -> Any:
+    """A catalog command as the caller; its refusals in Unity Catalog's shape."""
+    try:
+        return api.store.run(req.who, command, args)
+    except CatalogError as exc:
+        raise from_catalog(exc) from None
+    except OriginError as exc:
+        raise from_origin(exc, "the catalog") from None
+
+
+def _meta(api: Api) -> Metastore:
+    try:
+        return api.meta()
+    except CatalogError as exc:
+        raise from_catalog(exc) from None
+    except OriginError as exc:
+        raise from_origin(exc, "the catalog") from None
+
+
+def _names(text: str, depth: int) -> tuple[str, ...]:
+    try:
+        return parse_name(text, depth)
+    except CatalogError as exc:
+        raise bad_request(str(exc)) from None
+
+
+def _visible(api: Api, req: Request, names: tuple[str, ...]) -> Securable:
+    meta = _meta(api)
+    found = meta.find(names)
+    if found is None or not allowed(meta, req.who, "lookup", "/".join(names)).ok:
+        raise not_found(f"{LEVELS[len(names)]} {'.'.join(names)} does not exist")
+    return found[-1]
+
+
+def _info(api: Api, names: tuple[str, ...], obj: Securable) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": names[-1], "full_name": ".".join(names), "owner": obj.owner}
+    if obj.comment:
+        out["comment"] = obj.comment
+    if len(names) == 1:
+        out["catalog_type"] = "MANAGED_CATALOG"
+    if len(names) >= 2:
+        out["catalog_name"] = names[0]
+    if len(names) == 3:
+        out["schema_name"] = names[1]
+        out["volume_type"] = "EXTERNAL" if obj.location else "MANAGED"
+        out["storage_location"] = obj.location or f"{api.origin.url.rstrip('/')}/{'/'.join(names)}"
+    return out
+
+
+def _page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
+    raw = req.query.get("max_results", "0") or "0"
+    try:
+        size = int(raw)
+    except ValueError:
+        raise bad_request(f"max_results {raw!r} is not a number") from None
+    if size < 0:
+        raise bad_request("max_results must not be negative")
+    size = min(size or PAGE, PAGE)
+    token = req.query.get("page_token")
+    start = 0
+    if token:
+        try:
+            after = base64.urlsafe_b64decode(token.encode() + b"==").decode()
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise bad_request(f"bad page_token {token!r}") from None
+        start = next((i for i, n in enumerate(names) if n > after), len(names))
+    chunk = names[start : start + size]
+    more = start + size < len(names)
+    nxt = base64.urlsafe_b64encode(chunk[-1].encode()).decode().rstrip("=") if more else None
+    return chunk, nxt
+
+
+def _list(api: Api, req: Request, parent: tuple[str, ...], key: str) -> Reply:
+    meta = _meta(api)
+    if parent:
+        _visible(api, req, parent)
+        found = meta.find(parent)
+        assert found is not None
+        children = found[-1].children
+    else:
+        children = meta.catalogs
+    names = [
+        n for n in sorted(children) if allowed(meta, req.who, "lookup", "/".join((*parent, n))).ok
+    ]
+    chunk, nxt = _page(req, names)
+    body: dict[str, Any] = {key: [_info(api, (*parent, n), children[n]) for n in chunk]}
+    if nxt:
+        body["next_page_token"] = nxt
+    return Reply(body=body)
+
+
+def _string(body: dict[str, Any], key: str, *, required: bool = True) -> str:
+    value = body.get(key)
+    if value is None or value == "":
+        if required:
+            raise bad_request(f"missing {key}")
+        return ""
+    if not isinstance(value, str):
+        raise bad_request(f"{key} must be a string")
+    return value
+
+
+def _no_extras(body: dict[str, Any], depth: int, *, creating: bool) -> None:
+    if body.get("properties"):
+        raise bad_request("airfs keeps no properties on catalog objects")
+    if body.get("storage_root"):
+        raise bad_request(
+            "storage_root is not taken: managed volumes live under the origin at CAT/SCH/VOL"
+        )
+    if body.get("comment") and (depth > 1 or not creating):
+        raise bad_request(
+            "airfs keeps a comment only on catalogs, given when they are created "
+            f"(not on this {LEVELS[depth]})"
+        )
+
+
+def _create(api: Api, req: Request, depth: int) -> Reply:
+    body = req.body.json()
+    _no_extras(body, depth, creating=True)
+    given = [_string(body, k) for k in ("catalog_name", "schema_name")[: depth - 1]]
+    names = _names(".".join([*given, _string(body, "name")]), depth)
+    args: dict[str, Any] = {"name": ".".join(names)}
+    if depth == 1 and body.get("comment"):
+        args["comment"] = _string(body, "comment")
+    if depth == 3:
+        kind = _string(body, "volume_type", required=False).upper() or "MANAGED"
+        location = _string(body, "storage_location", required=False)
+        if kind not in ("MANAGED", "EXTERNAL"):
+            raise bad_request(f"volume_type {kind!r}: MANAGED or EXTERNAL")
+        if (kind == "EXTERNAL") != bool(location):
+            raise bad_request(
+                "an EXTERNAL volume needs a storage_location, a MANAGED one takes none"
+            )
+        if location:
+            args["location"] = location
+    run(api, req, f"create-{LEVELS[depth]}", args)
+    return Reply(body=_info(api, names, _visible(api, req, names)))
+
+
+def _update(api: Api, req: Request, names: tuple[str, ...]) -> Reply:
+    body = req.body.json()
+    obj = _visible(api, req, names)
+    comment = body.get("comment")
+    if comment is not None and comment == obj.comment:
+        body.pop("comment")
+    _no_extras(body, len(names), creating=False)
+    kind = LEVELS[len(names)]
+    owner = _string(body, "owner", required=False)
+    new_name = _string(body, "new_name", required=False)
+    if owner:
+        run(api, req, "set-owner", {"type": kind, "name": ".".join(names), "principal": owner})
+    if new_name and new_name != names[-1]:
+        run(api, req, f"rename-{kind}", {"name": ".".join(names), "new_name": new_name})
+        names = (*names[:-1], new_name)
+    return Reply(body=_info(api, names, _visible(api, req, names)))
+
+
+def _securable(api: Api, req: Request, depth: int, name: str) -> Reply:
+    names = _names(name, depth)
+    if req.method == "GET":
+        return Reply(body=_info(api, names, _visible(api, req, names)))
+    if req.method == "PATCH":
+        return _update(api, req, names)
+    if req.method == "DELETE":
+        run(api, req, f"drop-{LEVELS[depth]}", {"name": ".".join(names)})
+        return Reply(body={})
+    raise method_not_allowed(req)
+
+
+def method_not_allowed(req: Request) -> ApiError:
+    return ApiError(405, "BAD_REQUEST", f"{req.method} is not supported on {req.raw_path}")
+
+
+def _privilege_name(req: Request, value: str) -> str:
+    return value.replace(" ", "_") if req.underscores else value
+
+
+def _assignments(api: Api, req: Request, kind: str, names: tuple[str, ...]) -> Reply:
+    args: dict[str, Any] = {"name": ".".join(names)}
+    if req.query.get("principal"):
+        args["principal"] = req.query["principal"]
+    grants = run(api, req, "show-grants", args)
+    held: dict[str, list[str]] = {}
+    for g in grants:
+        if g["inherited_from"] is None and g["privilege"] != "OWNER":
+            held.setdefault(g["principal"], []).append(_privilege_name(req, g["privilege"]))
+    body = {
+        "privilege_assignments": [
+            {"principal": p, "privileges": sorted(privs)} for p, privs in sorted(held.items())
+        ]
+    }
+    return Reply(body=body)
+
+
+def _changes(body: dict[str, Any], depth: int) -> list[tuple[str, str, str]]:
+    """``changes`` checked: (``grant``/``revoke``, privilege, principal) in order."""
+    changes = body.get("changes")
+    if not isinstance(changes, list):
+        raise bad_request("changes must be a list of {principal, add, remove}")
+    out = []
+    for c in changes:
+        if not isinstance(c, dict) or not isinstance(c.get("principal"), str):
+            raise bad_request("each change needs a principal")
+        try:
+            principal = check_principal(c["principal"])
+            for verb, key in (("grant", "add"), ("revoke", "remove")):
+                privs = c.get(key) or []
+                if not isinstance(privs, list):
+                    raise bad_request(f"{key} must be a list of privileges")
+                for p in privs:
+                    priv = parse_privilege(str(p))
+                    if priv not in GRANTABLE[depth]:
+                        raise bad_request(f"{priv} cannot be granted on a {LEVELS[depth]}")
+                    out.append((verb, priv.value, principal))
+        except CatalogError as exc:
+            raise bad_request(str(exc)) from None
+    return out
+
+
+def _permissions(api: Api, req: Request, rest: str) -> Reply:
+    kind, _, full_name = rest.partition("/")
+    kind = kind.lower()
+    if kind not in TYPES:
+        raise bad_request(f"securable_type {kind!r}: catalog, schema or volume")
+    names = _names(full_name, TYPES[kind])
+    if req.method == "GET":
+        return _assignments(api, req, kind, names)
+    if req.method != "PATCH":
+        raise method_not_allowed(req)
+    changes = _changes(req.body.json(), len(names))
+    _visible(api, req, names)
+    for verb, priv, principal in changes:
+        args = {"privilege": priv, "type": kind, "name": ".".join(names), "principal": principal}
+        run(api, req, verb, args)
+    return _assignments(api, req, kind, names)
+
+
+def _collection(api: Api, req: Request, depth: int) -> Reply:
+    if req.method == "POST":
+        return _create(api, req, depth)
+    if req.method != "GET":
+        raise method_not_allowed(req)
+    parent: tuple[str, ...] = ()
+    if depth >= 2:
+        parent = (_string(dict(req.query), "catalog_name"),)
+    if depth == 3:
+        parent = (*parent, _string(dict(req.query), "schema_name"))
+    parent = _names(".".join(parent), depth - 1) if parent else ()
+    return _list(api, req, parent, LEVELS[depth] + "s")
+
+
+Route = Callable[[Api, Request, str], Reply]
+#: the first path segment after the prefix → (depth for the object routes)
+COLLECTIONS = {"catalogs": 1, "schemas": 2, "volumes": 3}
+#: more resources (tables) register here: first segment → handler(api, req, rest of path)
+EXTRA: dict[str, Route] = {}
+
+
+def handle(api: Api, req: Request, path: str) -> Reply:
+    """``path``: the decoded part after :data:`PREFIX` (``catalogs/main``)."""
+    head, _, rest = path.partition("/")
+    if head == "permissions":
+        return _permissions(api, req, rest)
+    if head in COLLECTIONS:
+        depth = COLLECTIONS[head]
+        if not rest:
+            return _collection(api, req, depth)
+        return _securable(api, req, depth, rest)
+    if head in EXTRA:
+        return EXTRA[head](api, req, rest)
+    raise ApiError(404, "ENDPOINT_NOT_FOUND", f"no endpoint {PREFIX}{path}")
