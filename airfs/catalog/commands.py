@@ -28,14 +28,31 @@ import errno
 from collections.abc import Callable
 from typing import Any
 
+from . import tablecmds
+from .checks import DROPPED_DIR as DROPPED_DIR
+from .checks import TYPES as TYPES
+from .checks import (
+    children,
+    creator,
+    dropped_path,
+    manage,
+    managed_target,
+    need,
+    now_ms,
+    refuse,
+    typed,
+    use_parents,
+    visible_object,
+    visible_table,
+)
+from .checks import parse_name as parse_name
 from .model import (
     GRANTABLE,
+    GRANTABLE_TABLE,
     LEVELS,
-    RESERVED,
     CatalogError,
     Metastore,
     P,
-    Privilege,
     Securable,
     Who,
     allowed,
@@ -46,86 +63,19 @@ from .model import (
     parse_privilege,
     privileges,
 )
+from .table import Table
 
 Result = tuple[Metastore | None, Any]
 
 #: commands that never change the document
-READ_ONLY = frozenset({"list", "show-grants", "why"})
-TYPES = {"catalog": 1, "schema": 2, "volume": 3}
-
-
-def parse_name(text: str, depth: int | None = None) -> tuple[str, ...]:
-    """``"main.raw.images"`` → its parts, each a valid name; ``depth`` (1-3) if given."""
-    parts = tuple(text.split(".")) if text else ()
-    if not parts or len(parts) > 3 or (depth is not None and len(parts) != depth):
-        want = {1: "CATALOG", 2: "CATALOG.SCHEMA", 3: "CATALOG.SCHEMA.VOLUME"}
-        form = want.get(depth or 0, "CATALOG[.SCHEMA[.VOLUME]]")
-        raise CatalogError(f"bad name {text!r}: expected {form}")
-    for i, n in enumerate(parts):
-        check_name(n, LEVELS[i + 1])
-    return parts
-
-
-def _refuse(message: str) -> CatalogError:
-    return CatalogError(message, errno.EACCES)
-
-
-def _object(meta: Metastore, w: Who, names: tuple[str, ...]) -> Securable:
-    """The object, if it exists and ``w`` may see it (same answer either way: ENOENT)."""
-    found = meta.find(names)
-    path = "/".join(names)
-    dotted = ".".join(names)
-    if found is None or not allowed(meta, w, "lookup", path).ok:
-        raise CatalogError(f"{LEVELS[len(names)]} {dotted} does not exist", errno.ENOENT)
-    return found[-1]
-
-
-def _need(meta: Metastore, w: Who, names: tuple[str, ...], *privs: Privilege) -> None:
-    held = privileges(meta, w, names) or frozenset()
-    for p in privs:
-        if p not in held:
-            what = f"{LEVELS[len(names)]} {'.'.join(names)}"
-            raise _refuse(f"{w.name} lacks {p} on {what}")
-
-
-def _use_parents(meta: Metastore, w: Who, names: tuple[str, ...]) -> None:
-    if len(names) >= 2:
-        _need(meta, w, names[:1], P.USE_CATALOG)
-    if len(names) >= 3:
-        _need(meta, w, names[:2], P.USE_SCHEMA)
-
-
-def _manage(meta: Metastore, w: Who, names: tuple[str, ...]) -> Securable:
-    obj = _object(meta, w, names)
-    _use_parents(meta, w, names)
-    _need(meta, w, names, P.MANAGE)
-    return obj
-
-
-def _children(meta: Metastore, names: tuple[str, ...]) -> dict[str, Securable]:
-    if not names:
-        return meta.catalogs
-    found = meta.find(names)
-    assert found is not None
-    return found[-1].children
-
-
-def _typed(args: dict[str, Any]) -> tuple[str, ...]:
-    kind = str(args.get("type", "")).lower()
-    if kind not in TYPES:
-        raise CatalogError(f"bad securable type {args.get('type')!r}: CATALOG, SCHEMA or VOLUME")
-    return parse_name(str(args["name"]), TYPES[kind])
-
-
-def _creator(w: Who, args: dict[str, Any]) -> str:
-    return check_principal(str(args["owner"])) if args.get("owner") else w.name
+READ_ONLY = frozenset({"list", "show-grants", "why", "show-tables", "describe"})
 
 
 def init(meta: Metastore | None, w: Who, args: dict[str, Any]) -> Result:
     if meta is not None:
         raise CatalogError("the catalog exists already", errno.EEXIST)
     if not w.is_root:
-        raise _refuse("only root may create the catalog (airfs catalog init)")
+        raise refuse("only root may create the catalog (airfs catalog init)")
     new = Metastore(
         admins={check_principal(a) for a in args.get("admins", [])},
         root_admin=bool(args.get("root_admin", True)),
@@ -136,50 +86,79 @@ def init(meta: Metastore | None, w: Who, args: dict[str, Any]) -> Result:
 def create_catalog(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     (name,) = parse_name(str(args["name"]), 1)
     if not is_admin(meta, w):
-        raise _refuse(f"{w.name} is not a catalog admin (only admins create catalogs)")
+        raise refuse(f"{w.name} is not a catalog admin (only admins create catalogs)")
     if name in meta.catalogs:
         raise CatalogError(f"catalog {name} exists already", errno.EEXIST)
-    meta.catalogs[name] = Securable(owner=_creator(w, args), comment=str(args.get("comment", "")))
+    now = now_ms()
+    meta.catalogs[name] = Securable(
+        owner=creator(w, args),
+        comment=str(args.get("comment", "")),
+        created_at=now,
+        updated_at=now,
+    )
     return meta, {"created": name}
 
 
 def create_schema(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     names = parse_name(str(args["name"]), 2)
-    parent = _object(meta, w, names[:1])
-    _need(meta, w, names[:1], P.USE_CATALOG, P.CREATE_SCHEMA)
+    parent = visible_object(meta, w, names[:1])
+    need(meta, w, names[:1], P.USE_CATALOG, P.CREATE_SCHEMA)
     if names[1] in parent.children:
         raise CatalogError(f"schema {'.'.join(names)} exists already", errno.EEXIST)
-    parent.children[names[1]] = Securable(owner=_creator(w, args))
+    now = now_ms()
+    parent.children[names[1]] = Securable(
+        owner=creator(w, args),
+        comment=str(args.get("comment", "")),
+        created_at=now,
+        updated_at=now,
+    )
     return meta, {"created": ".".join(names)}
 
 
 def create_volume(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     names = parse_name(str(args["name"]), 3)
-    parent = _object(meta, w, names[:2])
-    _use_parents(meta, w, names)
-    _need(meta, w, names[:2], P.USE_SCHEMA, P.CREATE_VOLUME)
+    parent = visible_object(meta, w, names[:2])
+    use_parents(meta, w, names)
+    need(meta, w, names[:2], P.USE_SCHEMA, P.CREATE_VOLUME)
     location = args.get("location")
     if location:
         location = check_location(str(location))
         if not is_admin(meta, w):
-            raise _refuse(f"{w.name} is not a catalog admin (only admins create external volumes)")
+            raise refuse(f"{w.name} is not a catalog admin (only admins create external volumes)")
     if names[2] in parent.children:
         raise CatalogError(f"volume {'.'.join(names)} exists already", errno.EEXIST)
-    parent.children[names[2]] = Securable(owner=_creator(w, args), location=location or None)
+    if names[2] in parent.tables:
+        raise CatalogError(f"{'.'.join(names)} is a table: a volume cannot take its name",
+                           errno.EEXIST)  # fmt: skip
+    now = now_ms()
+    parent.children[names[2]] = Securable(
+        owner=creator(w, args),
+        location=location or None,
+        comment=str(args.get("comment", "")),
+        created_at=now,
+        updated_at=now,
+    )
     return meta, {"created": ".".join(names), "location": location or "/".join(names)}
 
 
 def _drop(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     def drop(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
         names = parse_name(str(args["name"]), depth)
-        obj = _manage(meta, w, names)
-        if obj.children:
-            kinds = LEVELS[depth + 1] + "s"
+        obj = manage(meta, w, names)
+        if obj.children or obj.tables:
+            kinds = LEVELS[depth + 1] + "s" + (" and tables" if depth == 2 else "")
             raise CatalogError(
                 f"{LEVELS[depth]} {'.'.join(names)} is not empty (drop its {kinds} first)",
                 errno.ENOTEMPTY,
             )
-        del _children(meta, names[:-1])[names[-1]]
+        inside = tablecmds.tables_in(meta, "/".join(names)) if depth == 3 else []
+        if inside:
+            raise CatalogError(
+                f"volume {'.'.join(names)} holds the files of table {', '.join(inside)} "
+                "(drop it first)",
+                errno.ENOTEMPTY,
+            )
+        del children(meta, names[:-1])[names[-1]]
         out: dict[str, Any] = {"dropped": ".".join(names)}
         if depth == 3 and obj.location is None:
             # a managed volume's files leave its name (the store moves them aside first):
@@ -190,34 +169,28 @@ def _drop(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     return drop
 
 
-#: where the store keeps the files of dropped managed volumes (inside the reserved directory:
-#: unreachable through every mount, for admins to restore or delete at the origin)
-DROPPED_DIR = f"{RESERVED}/dropped"
-
-
-def dropped_path(names: tuple[str, ...], serial: int) -> str:
-    """Where the files of managed volume ``names`` go when the catalog change of ``serial``
-    drops it."""
-    return f"{DROPPED_DIR}/{'.'.join(names)}@{serial}"
-
-
 def _rename(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     def rename(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
         names = parse_name(str(args["name"]), depth)
         new = check_name(str(args["new_name"]), LEVELS[depth])
-        obj = _manage(meta, w, names)
+        obj = manage(meta, w, names)
         if depth > 1:  # as in Unity Catalog: renaming in a container is creating in it
-            need = P.CREATE_SCHEMA if depth == 2 else P.CREATE_VOLUME
-            _need(meta, w, names[:-1], need)
+            create = P.CREATE_SCHEMA if depth == 2 else P.CREATE_VOLUME
+            need(meta, w, names[:-1], create)
         elif not is_admin(meta, w):
-            raise _refuse(f"{w.name} is not a catalog admin (only admins rename catalogs)")
-        siblings = _children(meta, names[:-1])
+            raise refuse(f"{w.name} is not a catalog admin (only admins rename catalogs)")
+        siblings = children(meta, names[:-1])
+        dotted = ".".join((*names[:-1], new))
         if new in siblings:
-            dotted = ".".join((*names[:-1], new))
             raise CatalogError(f"{LEVELS[depth]} {dotted} exists already", errno.EEXIST)
+        if depth == 3 and new in (meta.find(names[:2]) or [Securable("")])[-1].tables:
+            raise CatalogError(f"{dotted} is a table: a volume cannot take its name",
+                               errno.EEXIST)  # fmt: skip
         del siblings[names[-1]]
         siblings[new] = obj
         external = depth == 3 and obj.location is not None
+        if not external:  # the files of the tables stored under it move with it
+            tablecmds.relocate(meta, "/".join(names), "/".join((*names[:-1], new)))
         return meta, {
             "renamed": ".".join(names),
             "to": ".".join((*names[:-1], new)),
@@ -229,12 +202,13 @@ def _rename(depth: int) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
 
 def _grant(revoke: bool) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
     def grant(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
-        names = _typed(args)
+        kind, names = typed(args)
         priv = parse_privilege(str(args["privilege"]))
         principal = check_principal(str(args["principal"]))
-        if priv not in GRANTABLE[len(names)]:
-            raise CatalogError(f"{priv} cannot be granted on a {LEVELS[len(names)]}")
-        obj = _manage(meta, w, names)
+        grantable = GRANTABLE_TABLE if kind == "table" else GRANTABLE[len(names)]
+        if priv not in grantable:
+            raise CatalogError(f"{priv} cannot be granted on a {kind}")
+        obj = managed_target(meta, w, kind, names)
         held = obj.grants.setdefault(principal, set())
         if revoke:
             held.discard(priv)
@@ -249,17 +223,18 @@ def _grant(revoke: bool) -> Callable[[Metastore, Who, dict[str, Any]], Result]:
 
 
 def set_owner(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
-    names = _typed(args)
+    kind, names = typed(args)
     principal = check_principal(str(args["principal"]))
-    obj = _manage(meta, w, names)
+    obj = managed_target(meta, w, kind, names)
     obj.owner = principal
+    obj.updated_at = now_ms()
     return meta, {"owner": principal, "of": ".".join(names)}
 
 
 def map_principal(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     local = check_principal(str(args["local"]))
     if not is_admin(meta, w):
-        raise _refuse(f"{w.name} is not a catalog admin (only admins map principals)")
+        raise refuse(f"{w.name} is not a catalog admin (only admins map principals)")
     if args.get("principal"):
         meta.aliases[local] = check_principal(str(args["principal"]))
     else:
@@ -270,11 +245,11 @@ def map_principal(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
 def list_objects(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     names = parse_name(str(args["name"])) if args.get("name") else ()
     if names:
-        _object(meta, w, names)
+        visible_object(meta, w, names)
     if len(names) == 3:
         raise CatalogError("list takes a catalog or CATALOG.SCHEMA (a volume has no children)")
     out = []
-    for n, obj in sorted(_children(meta, names).items()):
+    for n, obj in sorted(children(meta, names).items()):
         child = (*names, n)
         if not allowed(meta, w, "lookup", "/".join(child)).ok:
             continue
@@ -287,15 +262,41 @@ def list_objects(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
             item["location"] = obj.location or "/".join(child)
             item["external"] = obj.location is not None
         out.append(item)
+    if len(names) == 2:
+        for n, t in sorted(_schema(meta, names).tables.items()):
+            out.append(
+                {
+                    "name": ".".join((*names, n)),
+                    "type": "table",
+                    "owner": t.owner,
+                    "location": t.location,
+                    "external": not t.managed,
+                    "format": t.data_source_format,
+                }
+            )
+        out.sort(key=lambda item: str(item["name"]))
     return None, out
 
 
-def show_grants(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
-    names = parse_name(str(args["name"]))
-    _object(meta, w, names)
+def _schema(meta: Metastore, names: tuple[str, ...]) -> Securable:
     found = meta.find(names)
     assert found is not None
-    held = privileges(meta, w, names) or frozenset()
+    return found[-1]
+
+
+def show_grants(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
+    """Grants on ``name`` (``type`` TABLE for a table; else by the name's depth)."""
+    table = str(args.get("type", "")).lower() == "table"
+    found: list[Securable | Table]
+    if table:
+        names = parse_name(str(args["name"]), 3, "table")
+        t = visible_table(meta, w, names)
+        found = [*(meta.find(names[:2]) or []), t]
+    else:
+        names = parse_name(str(args["name"]))
+        visible_object(meta, w, names)
+        found = list(meta.find(names) or [])
+    held = privileges(meta, w, names, table=table) or frozenset()
     only = check_principal(str(args["principal"])) if args.get("principal") else None
     out = []
     for i, obj in enumerate(found):
@@ -334,6 +335,11 @@ COMMANDS: dict[str, Callable[[Metastore, Who, dict[str, Any]], Result]] = {
     "map-principal": map_principal,
     "list": list_objects,
     "show-grants": show_grants,
+    "create-table": tablecmds.create_table,
+    "drop-table": tablecmds.drop_table,
+    "show-tables": tablecmds.show_tables,
+    "describe": tablecmds.describe,
+    "update": tablecmds.update,
 }
 
 

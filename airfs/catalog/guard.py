@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 from airfs.core.context import Caller, groups_of
 
-from .model import OK, RESERVED, Decision, Who, allowed, split_path, who
+from .model import OK, RESERVED, Decision, Who, allowed, split_path, table_index, who
 from .store import CacheStats, CatalogCache
+from .table import TableIndex
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +93,7 @@ class CatalogGuard:
         self._who: dict[tuple[object, ...], tuple[float, Who]] = {}
         self._decided: dict[tuple[object, ...], Decision] = {}
         self._decided_on: object = None
+        self._index = TableIndex({})
 
     def who(self, caller: Caller) -> Who:
         """The caller's principals (remembered for a second per process and catalog: the
@@ -124,16 +126,15 @@ class CatalogGuard:
         meta = self.cache.meta
         if meta is None:
             return OK  # no catalog: no governance (and no principals to look up)
-        if meta is not self._decided_on:  # a new catalog: forget the old answers
-            self._decided.clear()
-            self._decided_on = meta
+        index = self.index()
         w = self.who(caller)
         parts = path.split("/", 3)
-        # the answer depends only on the first three names and whether there is more
-        key = (w, op, tuple(parts[:3]), len(parts))
+        # the answer depends only on the first three names, whether there is more, and the
+        # table the path is at, under or above
+        key = (w, op, tuple(parts[:3]), len(parts), index.match(path))
         d = self._decided.get(key)
         if d is None:
-            d = allowed(meta, w, op, path)
+            d = allowed(meta, w, op, path, index)
             if len(self._decided) > 65536:
                 self._decided.clear()
             self._decided[key] = d
@@ -151,6 +152,16 @@ class CatalogGuard:
         self.denied(caller, op, path, d)
         raise OSError(d.errno, denial_message(d, op, path))
 
+    def index(self) -> TableIndex:
+        """The tables of the catalog as cached now, by location (decisions made on an older
+        catalog are forgotten when it changes)."""
+        meta = self.cache.meta
+        if meta is not self._decided_on:
+            self._decided.clear()
+            self._decided_on = meta
+            self._index = table_index(meta) if meta is not None else TableIndex({})
+        return self._index
+
     def filters(self, dir_path: str) -> bool:
         """Listings at the three catalog levels depend on the caller's grants."""
         return (self.cache.meta is not None and dir_path.count("/") < 2) or (
@@ -161,9 +172,13 @@ class CatalogGuard:
         return self.cache.meta is not None or self.cache.damaged is not None
 
     def storage(self, path: str) -> str:
-        """A volume is its own storage (Unity Catalog): the first three names of ``path``."""
+        """A volume is its own storage (Unity Catalog): the first three names of ``path``;
+        so is a table (its location, for a path at or under it)."""
         if self.cache.meta is None:
             return ""
+        match = self.index().match(path)
+        if match is not None and match.location:
+            return match.location
         return "/".join(path.split("/", 3)[:3])
 
     def visible(self, caller: Caller, dir_path: str, name: str) -> bool:

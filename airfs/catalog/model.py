@@ -1,7 +1,8 @@
 """The governance model: catalogs → schemas → volumes, owners and grants, with Unity Catalog's
 names and inheritance; and :func:`allowed`, the one pure decision every check goes through.
 
-Objects. A *metastore* document holds catalogs; a catalog holds schemas; a schema holds volumes.
+Objects. A *metastore* document holds catalogs; a catalog holds schemas; a schema holds volumes
+and tables (:mod:`.table`; one namespace: a table and a volume of a schema never share a name).
 Each object has a name (letters, digits, ``_`` and ``-``; at most 255 characters; case kept),
 an owner and grants (principal → privileges). A volume's storage is the origin prefix
 ``<catalog>/<schema>/<volume>`` of the mount (*managed*), or an origin URL of its own
@@ -14,9 +15,10 @@ principals in ``admins`` are admins too (Unity Catalog's metastore admins).
 
 Privileges (Unity Catalog's names, written with a space or an underscore, any case):
 ``USE CATALOG``, ``USE SCHEMA``, ``READ VOLUME``, ``WRITE VOLUME``, ``CREATE VOLUME``,
-``CREATE SCHEMA``, ``MANAGE``, ``ALL PRIVILEGES``. A grant on an object applies to everything
-below it. ``ALL PRIVILEGES`` stands for every privilege but ``MANAGE``. The owner of an object
-has every privilege, ``MANAGE`` included, on it and below it. As in Unity Catalog:
+``CREATE SCHEMA``, ``SELECT``, ``MODIFY``, ``CREATE TABLE``, ``MANAGE``, ``ALL PRIVILEGES``.
+A grant on an object applies to everything below it. ``ALL PRIVILEGES`` stands for every
+privilege but ``MANAGE``. The owner of an object has every privilege, ``MANAGE`` included,
+on it and below it. As in Unity Catalog:
 
 * reading or listing files in a volume needs ``USE CATALOG``, ``USE SCHEMA`` and
   ``READ VOLUME``; creating, changing or removing them needs ``WRITE VOLUME`` as well;
@@ -28,48 +30,39 @@ has every privilege, ``MANAGE`` included, on it and below it. As in Unity Catalo
   EPERM (for every caller, admins included: use the catalog commands); names there that are
   not in the catalog are shown to admins only;
 * the reserved name :data:`RESERVED` at the root is hidden from everyone.
+
+Tables (``SELECT`` to read, ``MODIFY`` to change, both held on the table or granted on its
+schema or catalog, with ``USE CATALOG`` and ``USE SCHEMA``), where their files are:
+
+* under a table's location, a read is allowed with ``SELECT``, a change *under* it (not of the
+  location directory itself) with ``MODIFY``, whatever the caller holds on the volume around;
+  what the table's grants do not allow, the volume's rules may (path access to an external
+  table inside a volume is the union of the two);
+* a managed table's directory (``CAT/SCH/.table-NAME``) exists only for holders of
+  ``SELECT`` or ``MODIFY`` on it: for everyone else it is ENOENT, and it is not listed;
+* a directory on the way to a table's location (inside a volume, or outside every catalog) can
+  be looked up (not listed) by holders of ``SELECT`` or ``MODIFY`` on the table: it is how
+  their path is reached.
 """
 
 from __future__ import annotations
 
 import copy
-import enum
 import errno
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-#: where the catalog lives at the origin root; invisible and unreachable through the mount
-RESERVED = ".airfs-catalog"
+from .names import RESERVED as RESERVED
+from .names import CatalogError as CatalogError
+from .names import Privilege as Privilege
+from .names import check_location as check_location
+from .names import check_name as check_name
+from .names import check_principal as check_principal
+from .names import parse_privilege as parse_privilege
+from .table import ABOVE, AT, Table, TableIndex, TableMatch
+
 FORMAT = 1
-
-_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,254}$")
-_PRINCIPAL = re.compile(r"^(group:)?[^\s:/][^\s/]{0,254}$")
-
-
-class CatalogError(ValueError):
-    """A request the model refuses (bad name, unknown object, not allowed); the message is the
-    one line shown to the user; ``errno`` the error a daemon answers with."""
-
-    def __init__(self, message: str, err: int = errno.EINVAL) -> None:
-        super().__init__(message)
-        self.errno = err
-
-
-class Privilege(enum.Enum):
-    USE_CATALOG = "USE CATALOG"
-    USE_SCHEMA = "USE SCHEMA"
-    READ_VOLUME = "READ VOLUME"
-    WRITE_VOLUME = "WRITE VOLUME"
-    CREATE_VOLUME = "CREATE VOLUME"
-    CREATE_SCHEMA = "CREATE SCHEMA"
-    MANAGE = "MANAGE"
-    ALL_PRIVILEGES = "ALL PRIVILEGES"
-
-    def __str__(self) -> str:
-        return self.value
-
 
 P = Privilege
 EVERY = frozenset(P)
@@ -81,51 +74,15 @@ GRANTABLE: dict[int, frozenset[Privilege]] = {
     2: frozenset(set(P) - {P.USE_CATALOG, P.CREATE_SCHEMA}),
     3: frozenset({P.READ_VOLUME, P.WRITE_VOLUME, P.MANAGE, P.ALL_PRIVILEGES}),
 }
+#: what may be granted on a table
+GRANTABLE_TABLE = frozenset({P.SELECT, P.MODIFY, P.MANAGE, P.ALL_PRIVILEGES})
 LEVELS = {1: "catalog", 2: "schema", 3: "volume"}
-
-
-def parse_privilege(text: str) -> Privilege:
-    """``'READ VOLUME'``, ``READ_VOLUME``, ``read volume`` → :attr:`Privilege.READ_VOLUME`."""
-    key = " ".join(text.replace("_", " ").split()).upper()
-    for p in Privilege:
-        if p.value == key:
-            return p
-    names = ", ".join(p.value for p in Privilege)
-    raise CatalogError(f"unknown privilege {text!r} (one of {names})")
-
-
-def check_name(name: str, what: str) -> str:
-    if not _NAME.match(name):
-        raise CatalogError(
-            f"bad {what} name {name!r}: letters, digits, '_' and '-' only (not first), "
-            "1 to 255 characters"
-        )
-    return name
-
-
-def check_principal(text: str) -> str:
-    """A user name or ``group:NAME`` (no spaces or slashes)."""
-    if not _PRINCIPAL.match(text) or text == "group:":
-        raise CatalogError(f"bad principal {text!r}: a user name or group:NAME")
-    return text
-
-
-def check_location(url: str) -> str:
-    """An external volume's location: ``s3://BUCKET[/PREFIX]`` or an absolute directory."""
-    if url.startswith("s3://"):
-        bucket = url[5:].split("/", 1)[0]
-        if not re.match(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$", bucket):
-            raise CatalogError(f"bad location {url!r}: not an s3://BUCKET[/PREFIX] URL")
-        return url.rstrip("/")
-    path = url.removeprefix("file://")
-    if not path.startswith("/") or "\0" in path or "/../" in path + "/":
-        raise CatalogError(f"bad location {url!r}: an s3:// URL or an absolute directory")
-    return path.rstrip("/") or "/"
 
 
 @dataclass
 class Securable:
-    """A catalog, schema or volume: owner, grants (principal → privileges) and children."""
+    """A catalog, schema or volume: owner, grants (principal → privileges) and children
+    (a schema's volumes are its children, its tables are in ``tables``)."""
 
     owner: str
     grants: dict[str, set[Privilege]] = field(default_factory=dict)
@@ -133,6 +90,11 @@ class Securable:
     #: volumes only: None for a managed volume, else the external location
     location: str | None = None
     comment: str = ""
+    #: schemas only
+    tables: dict[str, Table] = field(default_factory=dict)
+    #: milliseconds since the epoch (0: made before airfs recorded it)
+    created_at: int = 0
+    updated_at: int = 0
 
     def to_json(self, depth: int) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -141,11 +103,17 @@ class Securable:
         }
         if self.comment:
             out["comment"] = self.comment
+        if self.created_at:
+            out["created_at"] = self.created_at
+        if self.updated_at:
+            out["updated_at"] = self.updated_at
         if depth == 3:
             out["location"] = self.location
         else:
             key = "schemas" if depth == 1 else "volumes"
             out[key] = {n: c.to_json(depth + 1) for n, c in sorted(self.children.items())}
+        if depth == 2 and self.tables:
+            out["tables"] = {n: t.to_json() for n, t in sorted(self.tables.items())}
         return out
 
     @classmethod
@@ -159,6 +127,10 @@ class Securable:
         if depth < 3:
             for n, c in obj.get(key, {}).items():
                 children[check_name(n, LEVELS[depth + 1])] = cls.from_json(c, depth + 1)
+        tables = {}
+        if depth == 2:
+            for n, t in obj.get("tables", {}).items():
+                tables[check_name(n, "table")] = Table.from_json(t)
         loc = obj.get("location") if depth == 3 else None
         return cls(
             owner=check_principal(obj["owner"]),
@@ -166,6 +138,9 @@ class Securable:
             children=children,
             location=check_location(loc) if loc else None,
             comment=str(obj.get("comment", "")),
+            tables=tables,
+            created_at=int(obj.get("created_at", 0)),
+            updated_at=int(obj.get("updated_at", 0)),
         )
 
 
@@ -222,6 +197,20 @@ class Metastore:
             level = obj.children
         return out
 
+    def table(self, names: tuple[str, ...]) -> Table | None:
+        """Table ``(catalog, schema, table)``, or None."""
+        found = self.find(names[:2]) if len(names) == 3 else None
+        return found[-1].tables.get(names[2]) if found is not None else None
+
+    def tables(self) -> dict[str, tuple[str, str, str]]:
+        """Every table: location → names."""
+        return {
+            t.location: (c, s, n)
+            for c, cat in self.catalogs.items()
+            for s, sch in cat.children.items()
+            for n, t in sch.tables.items()
+        }
+
 
 @dataclass(frozen=True, slots=True)
 class Who:
@@ -248,10 +237,19 @@ def is_admin(meta: Metastore, w: Who) -> bool:
     return (w.is_root and meta.root_admin) or bool(w.principals & meta.admins)
 
 
-def privileges(meta: Metastore, w: Who, names: tuple[str, ...]) -> frozenset[Privilege] | None:
+def privileges(
+    meta: Metastore, w: Who, names: tuple[str, ...], *, table: bool = False
+) -> frozenset[Privilege] | None:
     """What ``w`` holds on the object ``names`` (grants on it and above; ownership of it or
-    an object above gives everything; ``ALL PRIVILEGES`` expanded). None: no such object."""
-    path = meta.find(names)
+    an object above gives everything; ``ALL PRIVILEGES`` expanded). None: no such object.
+    ``table``: ``names`` is a table (else a catalog, schema or volume)."""
+    path: list[Securable | Table] | None
+    if table:
+        t = meta.table(names)
+        path = None if t is None else [*(meta.find(names[:2]) or []), t]
+    else:
+        found = meta.find(names)
+        path = list(found) if found is not None else None
     if path is None:
         return None
     if is_admin(meta, w):
@@ -315,16 +313,71 @@ def split_path(path: str) -> tuple[str, ...]:
     return tuple(path.split("/")) if path else ()
 
 
-def allowed(meta: Metastore | None, w: Who, op: str, path: str) -> Decision:
+def table_index(meta: Metastore) -> TableIndex:
+    """The tables of ``meta`` by location (for :func:`allowed`; build it once per document)."""
+    return TableIndex(meta.tables())
+
+
+def allowed(
+    meta: Metastore | None, w: Who, op: str, path: str, index: TableIndex | None = None
+) -> Decision:
     """May ``w`` do core operation ``op`` on mount path ``path`` (relative, ``""`` the root)?
 
     Pure: no I/O. ``meta`` None means the origin has no catalog: everything is allowed (the
-    mode bits still apply) but the reserved name. See the module docstring for the rules."""
+    mode bits still apply) but the reserved name. ``index``: :func:`table_index` of ``meta``
+    (built here when not given). See the module docstring for the rules."""
     parts = split_path(path)
     if parts and parts[0] == RESERVED:
         return Decision(errno.ENOENT, "", f"{RESERVED} is reserved for the catalog")
     if meta is None:
         return OK
+    base = _by_volume(meta, w, op, parts)
+    if base.ok or base.errno == errno.EPERM:
+        return base
+    match = (index if index is not None else table_index(meta)).match(path)
+    if match is None:
+        return base
+    d, holder = _by_table(meta, w, op, match)
+    return d if d.ok or holder else base
+
+
+def _by_table(meta: Metastore, w: Who, op: str, match: TableMatch) -> tuple[Decision, bool]:
+    """The table rule for a path ``match`` found; and whether ``w`` holds ``SELECT`` or
+    ``MODIFY`` on (one of) the table(s), with ``USE`` on the levels above (a holder's
+    refusal is the table's; anyone else's is the volume's)."""
+    holds: list[tuple[tuple[str, str, str], frozenset[Privilege]]] = []
+    for names in match.tables:
+        use = privileges(meta, w, names[:1]) or frozenset()
+        use_s = privileges(meta, w, names[:2]) or frozenset()
+        held = privileges(meta, w, names, table=True) or frozenset()
+        if P.USE_CATALOG in use and P.USE_SCHEMA in use_s and held & {P.SELECT, P.MODIFY}:
+            holds.append((names, held))
+    if not holds:
+        return Decision(errno.EACCES, "", "no table privilege"), False
+    if match.relation == ABOVE:
+        if op in _LOOK:
+            return OK, True
+        # not listed: the volume's (or the levels') answer stands
+        return Decision(errno.EACCES, "", f"{op} on a directory above a table's location"), False
+    names, held = holds[0]
+    dotted = ".".join(names)
+    if op in READ_OPS:
+        if P.SELECT in held:
+            return OK, True
+        return Decision(errno.EACCES, f"SELECT on table {dotted}", f"{op} denied"), True
+    if match.relation == AT:
+        return Decision(
+            errno.EACCES,
+            "",
+            f"{op} of the location of table {dotted} itself (drop-table removes a table)",
+        ), True
+    if P.MODIFY in held:
+        return OK, True
+    return Decision(errno.EACCES, f"MODIFY on table {dotted}", f"{op} denied"), True
+
+
+def _by_volume(meta: Metastore, w: Who, op: str, parts: tuple[str, ...]) -> Decision:
+    """The catalog levels' and the volumes' rules (no table's)."""
     depth = len(parts)
     changes = op not in READ_OPS
     if changes and depth <= 3:
@@ -371,10 +424,12 @@ def allowed(meta: Metastore | None, w: Who, op: str, path: str) -> Decision:
     return OK
 
 
-def visible(meta: Metastore | None, w: Who, dir_path: str, name: str) -> bool:
+def visible(
+    meta: Metastore | None, w: Who, dir_path: str, name: str, index: TableIndex | None = None
+) -> bool:
     """Whether ``name`` is listed in ``dir_path`` to ``w`` (a listing already allowed)."""
     if not dir_path and name == RESERVED:
         return False
     if meta is None or len(split_path(dir_path)) >= 3:
         return True
-    return allowed(meta, w, "lookup", f"{dir_path}/{name}" if dir_path else name).ok
+    return allowed(meta, w, "lookup", f"{dir_path}/{name}" if dir_path else name, index).ok

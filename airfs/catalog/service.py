@@ -21,8 +21,9 @@ from airfs.origin.base import Origin
 
 from .commands import READ_ONLY
 from .guard import CatalogGuard
-from .model import CatalogError, Decision, P, allowed, is_admin, privileges, split_path
+from .model import CatalogError, Decision, allowed, is_admin, split_path
 from .store import CatalogCache, CatalogStore
+from .table import ABOVE
 
 log = logging.getLogger(__name__)
 
@@ -78,15 +79,21 @@ class CatalogService:
         w = self.guard.who(caller)
         if meta is None or is_admin(meta, w):
             return allowed(meta, w, "open_read", path), volume
-        if len(parts) < 3:
+        index = self.guard.index()
+        match = index.match(path)
+        in_table = match is not None and match.relation != ABOVE
+        if len(parts) < 3 and not in_table:
             return Decision(
-                errno.EACCES, "", "on a governed mount name a volume or a path inside one"
+                errno.EACCES,
+                "",
+                "on a governed mount name a volume, a table's path or a path inside one",
             ), volume
-        d = allowed(meta, w, "open_read", path)
+        d = allowed(meta, w, "open_read", path, index)
         if d.ok and access == "write":
-            held = privileges(meta, w, parts[:3]) or frozenset()
-            if P.WRITE_VOLUME not in held:
-                d = Decision(errno.EACCES, f"WRITE VOLUME on volume {volume}", "flush denied")
+            # what creating a file in it needs (WRITE VOLUME, or MODIFY in a table)
+            d = allowed(meta, w, "create", f"{path}/x", index)
+            if not d.ok:
+                d = Decision(d.errno, d.missing, "flush denied")
         return d, volume
 
     async def check_control(self, caller: Caller, op: str, path: str) -> None:

@@ -102,15 +102,24 @@ class CatalogStore:
         0755 (nobody writes there), volumes 0777 (the grants decide who writes; the files'
         own modes still apply)."""
         path = str(out["created"]).replace(".", "/")
-        if command == "create-volume" and out.get("location") != path:
+        if command == "create-table":
+            # a managed table's directory, or an external one's where it is missing (and
+            # the directories on the way: those that exist already stay as they are)
+            parts = str(out["location"]).split("/")
+            paths = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+        elif command == "create-volume" and out.get("location") != path:
             return  # external: nothing to make here
-        mode = 0o777 if command == "create-volume" else 0o755
-        try:
-            self.origin.mkdir(path, mode)
-        except Exists:
-            pass
-        except OriginError as exc:
-            log.warning("catalog: could not make %s at the origin: %s", path, exc)
+        else:
+            paths = [path]
+        mode = 0o755 if command in ("create-catalog", "create-schema") else 0o777
+        for p in paths:
+            try:
+                self.origin.mkdir(p, mode)
+            except Exists:
+                pass
+            except OriginError as exc:
+                log.warning("catalog: could not make %s at the origin: %s", p, exc)
+                return
 
     def run(self, w: Who, command: str, args: dict[str, Any]) -> Any:
         """Apply catalog command ``command`` for ``w`` (see :mod:`airfs.catalog.commands`);
@@ -122,12 +131,13 @@ class CatalogStore:
         is moved back. Between the two steps (one origin call) both names are unregistered:
         hidden from all but admins.
 
-        ``drop-volume`` of a managed volume is done the same way: its directory moves to
+        ``drop-volume`` of a managed volume (``drop-table`` of a managed table) is done the
+        same way: its directory moves to
         :func:`~airfs.catalog.commands.dropped_path` (inside the reserved directory, which
         no mount shows) before the volume leaves the catalog, so that nobody who creates the
         name again finds its files. A volume without a directory at the origin moves
         nothing."""
-        if command.startswith("rename-") or command == "drop-volume":
+        if command.startswith("rename-") or command in ("drop-volume", "drop-table"):
             return self._rename(w, command, args)
         return self._run(w, command, args)
 
@@ -135,7 +145,8 @@ class CatalogStore:
         meta, _ = self.load()
         _new, out = apply(meta, w, command, args)  # the checks, on the catalog as it is now
         moves = out.get("moves")
-        if moves and command == "drop-volume":
+        dropping = command in ("drop-volume", "drop-table")
+        if moves and dropping:
             with contextlib.suppress(Exists):
                 self.origin.mkdir(RESERVED, 0o700)
             with contextlib.suppress(Exists):
@@ -144,12 +155,12 @@ class CatalogStore:
             try:
                 self.origin.rename(moves[0], moves[1], replace=False)
             except NotFound:
-                if command != "drop-volume":
+                if not dropping:
                     raise
                 moves = None  # no files: nothing to move aside
         try:
             result = self._run(w, command, args)
-            if command == "drop-volume":
+            if dropping:
                 result = {"dropped": result["dropped"], "files_moved_to": moves and moves[1]}
             return result
         except BaseException:
