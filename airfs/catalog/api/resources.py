@@ -5,9 +5,8 @@ Catalog's request and response shapes, over the catalog commands of
 
 What a caller may not see answers 404 like a name that does not exist. Listing shows what
 the caller may see, sorted by name, ``max_results`` at a time (absent or 0: up to
-:data:`PAGE`), with an opaque ``next_page_token``. ``PATCH`` takes ``new_name`` (a rename)
-and ``owner`` (``set-owner``); a ``comment`` only where the catalog keeps one unchanged
-(catalogs keep the one given at creation) and no ``properties`` (airfs keeps none).
+:data:`PAGE`), with an opaque ``next_page_token``. ``PATCH`` takes ``new_name`` (a rename),
+``owner`` and ``comment``; catalogs, schemas and volumes keep no ``properties``.
 
 Permissions (``GET``/``PATCH permissions/{securable_type}/{full_name}``) are the grants made
 directly on the object (inherited ones are not listed, as in Unity Catalog); holders of
@@ -24,12 +23,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Callable
 from typing import Any
 
 from airfs.catalog.commands import TYPES, parse_name
 from airfs.catalog.model import (
     GRANTABLE,
+    GRANTABLE_TABLE,
     LEVELS,
     CatalogError,
     Metastore,
@@ -58,7 +57,7 @@ def run(api: Api, req: Request, command: str, args: dict[str, Any]) -> Any:
         raise from_origin(exc, "the catalog") from None
 
 
-def _meta(api: Api) -> Metastore:
+def current(api: Api) -> Metastore:
     try:
         return api.meta()
     except CatalogError as exc:
@@ -67,7 +66,7 @@ def _meta(api: Api) -> Metastore:
         raise from_origin(exc, "the catalog") from None
 
 
-def _names(text: str, depth: int) -> tuple[str, ...]:
+def names_of(text: str, depth: int) -> tuple[str, ...]:
     try:
         return parse_name(text, depth)
     except CatalogError as exc:
@@ -75,7 +74,7 @@ def _names(text: str, depth: int) -> tuple[str, ...]:
 
 
 def _visible(api: Api, req: Request, names: tuple[str, ...]) -> Securable:
-    meta = _meta(api)
+    meta = current(api)
     found = meta.find(names)
     if found is None or not allowed(meta, req.who, "lookup", "/".join(names)).ok:
         raise not_found(f"{LEVELS[len(names)]} {'.'.join(names)} does not exist")
@@ -86,6 +85,10 @@ def _info(api: Api, names: tuple[str, ...], obj: Securable) -> dict[str, Any]:
     out: dict[str, Any] = {"name": names[-1], "full_name": ".".join(names), "owner": obj.owner}
     if obj.comment:
         out["comment"] = obj.comment
+    if obj.created_at:
+        out["created_at"] = obj.created_at
+    if obj.updated_at:
+        out["updated_at"] = obj.updated_at
     if len(names) == 1:
         out["catalog_type"] = "MANAGED_CATALOG"
     if len(names) >= 2:
@@ -97,7 +100,9 @@ def _info(api: Api, names: tuple[str, ...], obj: Securable) -> dict[str, Any]:
     return out
 
 
-def _page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
+def page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
+    """One page of the sorted ``names`` as ``max_results`` and ``page_token`` ask: (the
+    page, the next page's token or None)."""
     raw = req.query.get("max_results", "0") or "0"
     try:
         size = int(raw)
@@ -121,7 +126,7 @@ def _page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
 
 
 def _list(api: Api, req: Request, parent: tuple[str, ...], key: str) -> Reply:
-    meta = _meta(api)
+    meta = current(api)
     if parent:
         _visible(api, req, parent)
         found = meta.find(parent)
@@ -132,14 +137,14 @@ def _list(api: Api, req: Request, parent: tuple[str, ...], key: str) -> Reply:
     names = [
         n for n in sorted(children) if allowed(meta, req.who, "lookup", "/".join((*parent, n))).ok
     ]
-    chunk, nxt = _page(req, names)
+    chunk, nxt = page(req, names)
     body: dict[str, Any] = {key: [_info(api, (*parent, n), children[n]) for n in chunk]}
     if nxt:
         body["next_page_token"] = nxt
     return Reply(body=body)
 
 
-def _string(body: dict[str, Any], key: str, *, required: bool = True) -> str:
+def string(body: dict[str, Any], key: str, *, required: bool = True) -> str:
     value = body.get(key)
     if value is None or value == "":
         if required:
@@ -150,31 +155,26 @@ def _string(body: dict[str, Any], key: str, *, required: bool = True) -> str:
     return value
 
 
-def _no_extras(body: dict[str, Any], depth: int, *, creating: bool) -> None:
+def _no_extras(body: dict[str, Any]) -> None:
     if body.get("properties"):
-        raise bad_request("airfs keeps no properties on catalog objects")
+        raise bad_request("airfs keeps no properties on catalogs, schemas and volumes")
     if body.get("storage_root"):
         raise bad_request(
             "storage_root is not taken: managed volumes live under the origin at CAT/SCH/VOL"
-        )
-    if body.get("comment") and (depth > 1 or not creating):
-        raise bad_request(
-            "airfs keeps a comment only on catalogs, given when they are created "
-            f"(not on this {LEVELS[depth]})"
         )
 
 
 def _create(api: Api, req: Request, depth: int) -> Reply:
     body = req.body.json()
-    _no_extras(body, depth, creating=True)
-    given = [_string(body, k) for k in ("catalog_name", "schema_name")[: depth - 1]]
-    names = _names(".".join([*given, _string(body, "name")]), depth)
+    _no_extras(body)
+    given = [string(body, k) for k in ("catalog_name", "schema_name")[: depth - 1]]
+    names = names_of(".".join([*given, string(body, "name")]), depth)
     args: dict[str, Any] = {"name": ".".join(names)}
-    if depth == 1 and body.get("comment"):
-        args["comment"] = _string(body, "comment")
+    if body.get("comment"):
+        args["comment"] = string(body, "comment")
     if depth == 3:
-        kind = _string(body, "volume_type", required=False).upper() or "MANAGED"
-        location = _string(body, "storage_location", required=False)
+        kind = string(body, "volume_type", required=False).upper() or "MANAGED"
+        location = string(body, "storage_location", required=False)
         if kind not in ("MANAGED", "EXTERNAL"):
             raise bad_request(f"volume_type {kind!r}: MANAGED or EXTERNAL")
         if (kind == "EXTERNAL") != bool(location):
@@ -189,16 +189,18 @@ def _create(api: Api, req: Request, depth: int) -> Reply:
 
 def _update(api: Api, req: Request, names: tuple[str, ...]) -> Reply:
     body = req.body.json()
-    obj = _visible(api, req, names)
-    comment = body.get("comment")
-    if comment is not None and comment == obj.comment:
-        body.pop("comment")
-    _no_extras(body, len(names), creating=False)
+    _visible(api, req, names)
+    _no_extras(body)
     kind = LEVELS[len(names)]
-    owner = _string(body, "owner", required=False)
-    new_name = _string(body, "new_name", required=False)
+    owner = string(body, "owner", required=False)
+    new_name = string(body, "new_name", required=False)
+    change: dict[str, Any] = {"type": kind, "name": ".".join(names)}
+    if body.get("comment") is not None:
+        change["comment"] = string(body, "comment", required=False)
     if owner:
-        run(api, req, "set-owner", {"type": kind, "name": ".".join(names), "principal": owner})
+        change["owner"] = owner
+    if len(change) > 2:
+        run(api, req, "update", change)
     if new_name and new_name != names[-1]:
         run(api, req, f"rename-{kind}", {"name": ".".join(names), "new_name": new_name})
         names = (*names[:-1], new_name)
@@ -206,7 +208,7 @@ def _update(api: Api, req: Request, names: tuple[str, ...]) -> Reply:
 
 
 def _securable(api: Api, req: Request, depth: int, name: str) -> Reply:
-    names = _names(name, depth)
+    names = names_of(name, depth)
     if req.method == "GET":
         return Reply(body=_info(api, names, _visible(api, req, names)))
     if req.method == "PATCH":
@@ -221,19 +223,19 @@ def method_not_allowed(req: Request) -> ApiError:
     return ApiError(405, "BAD_REQUEST", f"{req.method} is not supported on {req.raw_path}")
 
 
-def _privilege_name(req: Request, value: str) -> str:
+def privilege_name(req: Request, value: str) -> str:
     return value.replace(" ", "_") if req.underscores else value
 
 
 def _assignments(api: Api, req: Request, kind: str, names: tuple[str, ...]) -> Reply:
-    args: dict[str, Any] = {"name": ".".join(names)}
+    args: dict[str, Any] = {"name": ".".join(names), "type": kind}
     if req.query.get("principal"):
         args["principal"] = req.query["principal"]
     grants = run(api, req, "show-grants", args)
     held: dict[str, list[str]] = {}
     for g in grants:
         if g["inherited_from"] is None and g["privilege"] != "OWNER":
-            held.setdefault(g["principal"], []).append(_privilege_name(req, g["privilege"]))
+            held.setdefault(g["principal"], []).append(privilege_name(req, g["privilege"]))
     body = {
         "privilege_assignments": [
             {"principal": p, "privileges": sorted(privs)} for p, privs in sorted(held.items())
@@ -242,7 +244,7 @@ def _assignments(api: Api, req: Request, kind: str, names: tuple[str, ...]) -> R
     return Reply(body=body)
 
 
-def _changes(body: dict[str, Any], depth: int) -> list[tuple[str, str, str]]:
+def _changes(body: dict[str, Any], kind: str) -> list[tuple[str, str, str]]:
     """``changes`` checked: (``grant``/``revoke``, privilege, principal) in order."""
     changes = body.get("changes")
     if not isinstance(changes, list):
@@ -259,8 +261,9 @@ def _changes(body: dict[str, Any], depth: int) -> list[tuple[str, str, str]]:
                     raise bad_request(f"{key} must be a list of privileges")
                 for p in privs:
                     priv = parse_privilege(str(p))
-                    if priv not in GRANTABLE[depth]:
-                        raise bad_request(f"{priv} cannot be granted on a {LEVELS[depth]}")
+                    grantable = GRANTABLE_TABLE if kind == "table" else GRANTABLE[TYPES[kind]]
+                    if priv not in grantable:
+                        raise bad_request(f"{priv} cannot be granted on a {kind}")
                     out.append((verb, priv.value, principal))
         except CatalogError as exc:
             raise bad_request(str(exc)) from None
@@ -271,14 +274,17 @@ def _permissions(api: Api, req: Request, rest: str) -> Reply:
     kind, _, full_name = rest.partition("/")
     kind = kind.lower()
     if kind not in TYPES:
-        raise bad_request(f"securable_type {kind!r}: catalog, schema or volume")
-    names = _names(full_name, TYPES[kind])
+        raise bad_request(f"securable_type {kind!r}: catalog, schema, volume or table")
+    names = names_of(full_name, TYPES[kind])
     if req.method == "GET":
         return _assignments(api, req, kind, names)
     if req.method != "PATCH":
         raise method_not_allowed(req)
-    changes = _changes(req.body.json(), len(names))
-    _visible(api, req, names)
+    changes = _changes(req.body.json(), kind)
+    if kind == "table":
+        run(api, req, "describe", {"type": kind, "name": ".".join(names)})
+    else:
+        _visible(api, req, names)
     for verb, priv, principal in changes:
         args = {"privilege": priv, "type": kind, "name": ".".join(names), "principal": principal}
         run(api, req, verb, args)
@@ -292,18 +298,15 @@ def _collection(api: Api, req: Request, depth: int) -> Reply:
         raise method_not_allowed(req)
     parent: tuple[str, ...] = ()
     if depth >= 2:
-        parent = (_string(dict(req.query), "catalog_name"),)
+        parent = (string(dict(req.query), "catalog_name"),)
     if depth == 3:
-        parent = (*parent, _string(dict(req.query), "schema_name"))
-    parent = _names(".".join(parent), depth - 1) if parent else ()
+        parent = (*parent, string(dict(req.query), "schema_name"))
+    parent = names_of(".".join(parent), depth - 1) if parent else ()
     return _list(api, req, parent, LEVELS[depth] + "s")
 
 
-Route = Callable[[Api, Request, str], Reply]
-#: the first path segment after the prefix → (depth for the object routes)
+#: the first path segment after the prefix → the depth of its objects
 COLLECTIONS = {"catalogs": 1, "schemas": 2, "volumes": 3}
-#: more resources (tables) register here: first segment → handler(api, req, rest of path)
-EXTRA: dict[str, Route] = {}
 
 
 def handle(api: Api, req: Request, path: str) -> Reply:
@@ -316,6 +319,4 @@ def handle(api: Api, req: Request, path: str) -> Reply:
         if not rest:
             return _collection(api, req, depth)
         return _securable(api, req, depth, rest)
-    if head in EXTRA:
-        return EXTRA[head](api, req, rest)
     raise ApiError(404, "ENDPOINT_NOT_FOUND", f"no endpoint {PREFIX}{path}")

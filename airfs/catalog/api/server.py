@@ -24,7 +24,7 @@ from typing import Any, BinaryIO, cast
 from airfs.catalog.model import CatalogError, Who
 from airfs.origin.base import OriginError
 
-from . import files, resources
+from . import files, resources, tables
 from .context import Api, Body, Reply, Request
 from .errors import ApiError, from_origin
 from .tokens import TokenStore
@@ -204,6 +204,8 @@ class Handler(BaseHTTPRequestHandler):
             return uploads.put_part(self._request(body, NOBODY, ""), path[len(PART_URL) :])
         if self.command in ("GET", "HEAD") and path.startswith(DOWNLOAD_URL):
             return uploads.get_download(self._request(body, NOBODY, ""), path[len(DOWNLOAD_URL) :])
+        if self.command == "GET" and path == "/.well-known/databricks-config":
+            return Reply(body={})  # databricks-sdk's discovery probe: no OIDC here, tokens only
         who, principal = self._authenticate()
         req = self._request(body, who, principal)
         api = self.server.api
@@ -211,6 +213,8 @@ class Handler(BaseHTTPRequestHandler):
             decoded = urllib.parse.unquote(path[len(resources.PREFIX) :])
             if "\0" in decoded:
                 raise ApiError(400, "INVALID_PARAMETER_VALUE", "path contains a NUL")
+            if decoded == "tables" or decoded.startswith("tables/"):
+                return tables.handle(api, req, decoded[len("tables") :])
             return resources.handle(api, req, decoded)
         if is_file_action(req):
             return uploads.file_action(req, path[len(files.FILES) :])
