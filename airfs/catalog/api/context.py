@@ -3,6 +3,8 @@ HTTP details stay in :mod:`.server`."""
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 from collections.abc import Callable, Iterator, Mapping
@@ -17,6 +19,20 @@ from .errors import ApiError, bad_request
 
 #: the largest JSON request body taken (a catalog request is a few hundred bytes)
 MAX_JSON_BODY = 1 << 20
+
+
+def page_token(after: str) -> str:
+    """The opaque ``next_page_token`` of a page whose last name is ``after``."""
+    return base64.urlsafe_b64encode(after.encode()).decode().rstrip("=")
+
+
+def page_after(token: str) -> str:
+    """The name a ``page_token`` continues after (400 for a token not made here)."""
+    try:
+        raw = base64.b64decode(token + "=" * (-len(token) % 4), altchars=b"-_", validate=True)
+        return raw.decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise bad_request(f"bad page_token {token!r}") from None
 
 
 @dataclass(frozen=True, slots=True)

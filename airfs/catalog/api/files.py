@@ -18,8 +18,6 @@ component, a NUL, a trailing slash on a file, or outside ``/Volumes/C/S/V``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import email.utils
 import errno
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 from airfs.catalog.model import CatalogError, Who, allowed, check_name
 from airfs.origin.base import Conflict, Entry, Exists, Kind, NotFound, OriginError
 
-from .context import Api, Reply, Request
+from .context import Api, Reply, Request, page_after, page_token
 from .errors import ApiError, bad_request, from_catalog, from_origin
 
 FILES = "/api/2.0/fs/files"
@@ -276,15 +274,12 @@ def _listing(api: Api, req: Request, vp: VolumePath) -> Reply:
         raise from_origin(exc, vp.shown) from None
     token = req.query.get("page_token")
     if token:
-        try:
-            after = base64.urlsafe_b64decode(token.encode() + b"==").decode()
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise bad_request(f"bad page_token {token!r}") from None
+        after = page_after(token)
         entries = [e for e in entries if e.name > after]
     chunk = entries[:size]
     body: dict[str, object] = {"contents": [_entry(vp, e) for e in chunk]}
     if len(entries) > size:
-        body["next_page_token"] = base64.urlsafe_b64encode(chunk[-1].name.encode()).decode()
+        body["next_page_token"] = page_token(chunk[-1].name)
     return Reply(body=body)
 
 

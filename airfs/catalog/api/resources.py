@@ -21,8 +21,6 @@ the caller identifies as ``databricks-sdk`` in its ``User-Agent``.
 
 from __future__ import annotations
 
-import base64
-import binascii
 from typing import Any
 
 from airfs.catalog.commands import TYPES, parse_name
@@ -39,7 +37,7 @@ from airfs.catalog.model import (
 )
 from airfs.origin.base import OriginError
 
-from .context import Api, Reply, Request
+from .context import Api, Reply, Request, page_after, page_token
 from .errors import ApiError, bad_request, from_catalog, from_origin, not_found
 
 PREFIX = "/api/2.1/unity-catalog/"
@@ -114,14 +112,11 @@ def page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
     token = req.query.get("page_token")
     start = 0
     if token:
-        try:
-            after = base64.urlsafe_b64decode(token.encode() + b"==").decode()
-        except (binascii.Error, UnicodeDecodeError, ValueError):
-            raise bad_request(f"bad page_token {token!r}") from None
+        after = page_after(token)
         start = next((i for i, n in enumerate(names) if n > after), len(names))
     chunk = names[start : start + size]
     more = start + size < len(names)
-    nxt = base64.urlsafe_b64encode(chunk[-1].encode()).decode().rstrip("=") if more else None
+    nxt = page_token(chunk[-1]) if more else None
     return chunk, nxt
 
 
