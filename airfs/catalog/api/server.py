@@ -36,6 +36,9 @@ MAX_CONNECTIONS = 64
 #: seconds a connection may stay silent
 IDLE_TIMEOUT = 120.0
 NOBODY = Who(frozenset())
+#: an unread request body up to this size is read and dropped after a refusal (the client
+#: then gets the answer); above it the connection is closed instead
+DRAIN_LIMIT = 16 << 20
 
 
 def is_loopback(host: str) -> bool:
@@ -242,7 +245,7 @@ class Handler(BaseHTTPRequestHandler):
                     "message": "internal error (see the server's log)",
                 },
             )
-        if body is None or body.left > (1 << 20):
+        if body is None or body.left > DRAIN_LIMIT:
             self.close_connection = True  # an unread large body: do not read it to go on
             reply.headers["Connection"] = "close"
         else:
