@@ -16,6 +16,7 @@ import json
 import logging
 import socket
 import ssl
+import sys
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -88,7 +89,12 @@ class Server(ThreadingHTTPServer):
             self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
-        log.exception("connection from %s failed", client_address[0])
+        exc = sys.exc_info()[1]
+        if isinstance(exc, ssl.SSLError | ConnectionError | TimeoutError):
+            # a client that does not speak TLS, or went away during the handshake
+            log.info("connection from %s ended: %s", client_address[0], exc)
+        else:
+            log.exception("connection from %s failed", client_address[0])
 
     @property
     def url(self) -> str:
