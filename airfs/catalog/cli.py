@@ -18,6 +18,7 @@ from typing import Any
 
 from .commands import TYPES
 from .model import CatalogError, Privilege, check_location, parse_privilege, who
+from .table import check_format
 
 DEFAULT_MOUNT = "/Volumes"
 _PRIVS = ", ".join(f"'{p.value}'" for p in Privilege)
@@ -37,8 +38,37 @@ def _privilege(text: str) -> str:
 
 def _securable(text: str) -> str:
     if text.lower() not in TYPES:
-        raise argparse.ArgumentTypeError(f"{text!r}: CATALOG, SCHEMA or VOLUME")
+        raise argparse.ArgumentTypeError(f"{text!r}: CATALOG, SCHEMA, VOLUME or TABLE")
     return text.lower()
+
+
+def _format(text: str) -> str:
+    try:
+        return check_format(text)
+    except CatalogError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _table_location(args: argparse.Namespace) -> str:
+    """``--location`` as the origin-relative path the catalog stores: a path on the mount
+    (``/Volumes/main/default/raw/sales``), with ``--origin DIR`` a path under DIR, or a path
+    relative to the origin root as it is."""
+    loc: str = args.location
+    if args.origin and not args.origin.startswith("s3://"):
+        root = os.path.realpath(args.origin.removeprefix("file://"))
+    else:
+        root = os.path.realpath(args.mount)
+    if args.origin and args.origin.startswith("s3://") and loc.startswith(args.origin):
+        return loc[len(args.origin) :].strip("/")
+    if not loc.startswith("/"):
+        return loc
+    full = os.path.realpath(loc) if os.path.exists(loc) else os.path.normpath(loc)
+    if full != root and not full.startswith(root.rstrip("/") + "/"):
+        where = args.origin or args.mount
+        raise CatalogError(
+            f"--location {loc}: not under {where} (a path there, or relative to its root)"
+        )
+    return os.path.relpath(full, root)
 
 
 def _word(word: str) -> Any:
@@ -68,6 +98,29 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
         return c, {k: getattr(args, k) for k in keys}
     if c == "set-owner":
         return c, {"type": args.type, "name": args.name, "principal": args.principal}
+    if c == "create-table":
+        tab: dict[str, Any] = {"name": args.name, "format": args.format}
+        if args.location:
+            tab["location"] = _table_location(args)
+        for k in ("owner", "comment"):
+            if getattr(args, k, None):
+                tab[k] = getattr(args, k)
+        return c, tab
+    if c == "describe":
+        return c, {"type": args.type, "name": args.name}
+    if c == "update":
+        upd: dict[str, Any] = {"type": args.type, "name": args.name}
+        if args.comment is not None:
+            upd["comment"] = args.comment
+        if args.owner:
+            upd["owner"] = args.owner
+        return c, upd
+    if c == "show-grants" and args.type:
+        return c, {
+            "type": args.type,
+            "name": args.name,
+            **({"principal": args.principal} if args.principal else {}),
+        }
     if c.startswith("rename-"):
         return c, {"name": args.name, "new_name": args.new_name}
     if c == "map-principal":
@@ -146,13 +199,22 @@ def _show(command: str, out: Any) -> None:
         for g in out:
             frm = "  (inherited)" if g["inherited_from"] else ""
             print(f"{g['principal']}  {g['privilege']}  on {g['object']}{frm}")
+    elif command == "show-tables":
+        for t in out:
+            kind = t["table_type"].lower()
+            print(f"{t['full_name']}  {kind} {t['data_source_format']}  owner {t['owner']}  "
+                  f"{t['location']}")  # fmt: skip
+    elif command in ("describe", "update", "create-table"):
+        for k, v in out.items():
+            if k != "created" and v not in (None, "", [], {}):
+                print(f"{k:<20} {', '.join(v) if isinstance(v, list) and k == 'privileges' else v}")
     else:
         print(" ".join(f"{k} {v}" for k, v in out.items() if v is not None))
 
 
 def run(args: argparse.Namespace) -> int:
-    command, cargs = _request(args)
     try:
+        command, cargs = _request(args)
         out = _via_origin(args, command, cargs) if args.origin else _via_mount(args, command, cargs)
     except CatalogError as exc:
         return _fail(str(exc))
@@ -248,6 +310,60 @@ def register(sub: Any) -> None:
         p.add_argument("new_name", metavar="NEW_NAME")
 
     p = cs.add_parser(
+        "create-table",
+        help="register a table",
+        description="Register table CAT.SCH.TABLE; you become its owner. Needs USE CATALOG, "
+        "USE SCHEMA and CREATE TABLE on the schema. With --location an EXTERNAL table over "
+        "the files there (a path inside a volume: you need READ VOLUME and WRITE VOLUME on "
+        "it; a path outside every catalog: admins only); without it a MANAGED table whose "
+        "files airfs keeps at CAT/SCH/.table-TABLE (hidden from all without SELECT or "
+        "MODIFY on the table).",
+    )
+    p.add_argument("name", metavar="CAT.SCH.TABLE")
+    p.add_argument(
+        "--location",
+        metavar="PATH",
+        help="external table: a path on the mount (/Volumes/CAT/SCH/VOL/...), under the "
+        "--origin directory, or relative to the origin root",
+    )
+    p.add_argument(
+        "--format", type=_format, default="DELTA", metavar="delta|parquet",
+        help="the files' format (default delta)",
+    )  # fmt: skip
+    p.add_argument("--comment", default="")
+    p.add_argument("--owner", metavar="PRINCIPAL", help="owner (default: you)")
+    p = cs.add_parser(
+        "drop-table",
+        help="drop a table",
+        description="Remove table CAT.SCH.TABLE from the catalog (needs MANAGE or ownership). "
+        "A managed table's files move aside at the origin, to "
+        ".airfs-catalog/dropped/CAT.SCH.TABLE@SERIAL; an external table's files stay.",
+    )
+    p.add_argument("name", metavar="CAT.SCH.TABLE")
+    p = cs.add_parser(
+        "show-tables",
+        help="list the tables of a schema",
+        description="The tables of CAT.SCH (needs USE CATALOG and USE SCHEMA).",
+    )
+    p.add_argument("name", metavar="CAT.SCH")
+    p = cs.add_parser(
+        "describe",
+        help="show an object's details",
+        description="Owner, comment, times, location, format and your privileges on it.",
+    )
+    p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME|TABLE")
+    p.add_argument("name", metavar="NAME")
+    p = cs.add_parser(
+        "update",
+        help="change an object's comment or owner",
+        description="Needs MANAGE or ownership.",
+    )
+    p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME|TABLE")
+    p.add_argument("name", metavar="NAME")
+    p.add_argument("--comment", help="the new comment ('' clears it)")
+    p.add_argument("--owner", metavar="PRINCIPAL", help="the new owner")
+
+    p = cs.add_parser(
         "list", help="list catalogs, schemas or volumes", description="What you may see."
     )
     p.add_argument("name", nargs="?", metavar="CAT[.SCH]")
@@ -257,11 +373,12 @@ def register(sub: Any) -> None:
             verb,
             help=f"{verb} a privilege",
             description=f"{verb.capitalize()} PRIVILEGE ({_PRIVS}; or with underscores) ON "
-            f"CATALOG|SCHEMA|VOLUME NAME {prep} PRINCIPAL (a user, or group:NAME).",
+            f"CATALOG|SCHEMA|VOLUME|TABLE NAME {prep} PRINCIPAL (a user, or group:NAME). On a "
+            "table: SELECT, MODIFY, MANAGE, ALL PRIVILEGES.",
         )
         p.add_argument("privilege", type=_privilege, metavar="PRIVILEGE")
         p.add_argument("on", type=_word("ON"), metavar="ON")
-        p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME")
+        p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME|TABLE")
         p.add_argument("name", metavar="NAME")
         p.add_argument("prep", type=_word(prep), metavar=prep)
         p.add_argument("principal", metavar="PRINCIPAL")
@@ -274,11 +391,14 @@ def register(sub: Any) -> None:
     )
     p.add_argument("name", metavar="CAT[.SCH[.VOL]]")
     p.add_argument("--principal", metavar="PRINCIPAL", help="only this principal's")
+    p.add_argument(
+        "--type", type=_securable, metavar="TABLE", help="TABLE: NAME is a table (CAT.SCH.TABLE)"
+    )
 
     p = cs.add_parser(
         "set-owner", help="change an object's owner", description="Needs MANAGE or ownership."
     )
-    p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME")
+    p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME|TABLE")
     p.add_argument("name", metavar="NAME")
     p.add_argument("principal", metavar="PRINCIPAL")
 

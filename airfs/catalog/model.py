@@ -35,7 +35,8 @@ Tables (``SELECT`` to read, ``MODIFY`` to change, both held on the table or gran
 schema or catalog, with ``USE CATALOG`` and ``USE SCHEMA``), where their files are:
 
 * under a table's location, a read is allowed with ``SELECT``, a change *under* it (not of the
-  location directory itself) with ``MODIFY``, whatever the caller holds on the volume around;
+  location directory itself) with ``MODIFY`` (which also looks names up, not lists or reads),
+  whatever the caller holds on the volume around;
   what the table's grants do not allow, the volume's rules may (path access to an external
   table inside a volume is the union of the two);
 * a managed table's directory (``CAT/SCH/.table-NAME``) exists only for holders of
@@ -362,7 +363,7 @@ def _by_table(meta: Metastore, w: Who, op: str, match: TableMatch) -> tuple[Deci
     names, held = holds[0]
     dotted = ".".join(names)
     if op in READ_OPS:
-        if P.SELECT in held:
+        if P.SELECT in held or (op in _LOOK and P.MODIFY in held):  # a writer finds its way
             return OK, True
         return Decision(errno.EACCES, f"SELECT on table {dotted}", f"{op} denied"), True
     if match.relation == AT:

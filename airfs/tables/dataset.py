@@ -5,6 +5,7 @@ workers, as dicts of column arrays. See :class:`TableDataset` for the contract a
 from __future__ import annotations
 
 import json
+import os
 import struct
 from collections.abc import Iterator, Sequence
 from typing import Any, Literal
@@ -28,7 +29,9 @@ Output = Literal["numpy", "torch", "arrow"]
 
 class TableDataset(IterableDataset[dict[str, Any]]):
     """An ``IterableDataset`` over the rows of a table (see :mod:`airfs.tables.source` for what
-    ``source`` may be: a Parquet directory, file, glob or list, or a Delta table).
+    ``source`` may be: a Parquet directory, file, glob or list, a Delta table, or a
+    ``catalog.schema.table`` name resolved through the mount at ``root``, default
+    ``$AIRFS_VOLUMES`` or ``/Volumes``, which needs ``SELECT`` on the table).
 
     **Units.** Here, once: the source is resolved (a Delta table at ``version``, default the
     latest), the Parquet footers are read and every (file, row group) becomes a unit with its row
@@ -90,6 +93,7 @@ class TableDataset(IterableDataset[dict[str, Any]]):
         read_threads: int = 4,
         prefetch_files: int = 8,
         mount_prefetch: bool = True,
+        root: str | os.PathLike[str] | None = None,
     ) -> None:
         if uneven not in ("pad", "drop"):
             raise ValueError(f"uneven must be 'pad' or 'drop', not {uneven!r}")
@@ -105,7 +109,7 @@ class TableDataset(IterableDataset[dict[str, Any]]):
             raise ValueError("give both rank and world_size, or neither")
         if rank is not None and world_size is not None:
             assign.check_rank(rank, world_size)
-        self.source: TableSource = resolve(source, version=version)
+        self.source: TableSource = resolve(source, version=version, root=root)
         self.columns = check_columns(self.source, columns)
         self.filter = as_expression(filter)
         self.units: tuple[Unit, ...] = tuple(plan_units(self.source, self.filter))

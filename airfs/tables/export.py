@@ -24,9 +24,10 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import names
 from .plan import as_expression, check_columns, plan_units, read_unit
 from .reader import ordered_map
-from .source import MANIFEST_FORMAT, SUCCESS, TEMPORARY, resolve
+from .source import MANIFEST_FORMAT, SUCCESS, TEMPORARY, TableError, registered, resolve
 
 MiB = 1 << 20
 
@@ -73,6 +74,7 @@ def export_table(
     compression: str = "snappy",
     progress: bool | None = None,
     read_threads: int = 4,
+    root: str | os.PathLike[str] | None = None,
 ) -> ExportResult:
     """Write ``source`` as Parquet files of about ``target_file_bytes`` into ``dest_dir``.
 
@@ -82,12 +84,27 @@ def export_table(
     is written. Row groups hold about ``row_group_bytes`` of (uncompressed) data. ``dest_dir``
     must be missing or empty unless ``overwrite`` (its ``_SUCCESS`` is removed first, so readers
     refuse it until the new export is complete). A progress line is shown on a terminal
-    (``progress=None``: when stderr is one). Returns the files written, in order."""
+    (``progress=None``: when stderr is one). Returns the files written, in order.
+
+    ``source`` and ``dest_dir`` may be ``catalog.schema.table`` names, resolved through the
+    mount at ``root`` (default ``$AIRFS_VOLUMES``, else ``/Volumes``): reading one needs
+    ``SELECT``, writing one ``MODIFY`` (else ``PermissionError``). A ``PARQUET`` destination
+    table gets the export in its directory as above; a ``DELTA`` one gets a Delta commit
+    (``deltalake.write_deltalake``; ``overwrite`` replaces its rows, otherwise it must have no
+    data yet), and the result lists the table's active files after it."""
     if target_file_bytes < 1 or row_group_bytes < 1:
         raise ValueError("target_file_bytes and row_group_bytes must be >= 1")
     t0 = time.monotonic()
-    dest = os.path.abspath(os.fspath(dest_dir))
-    batches = _batches(source, columns, as_expression(filter), version, read_threads)
+    text = os.fspath(dest_dir)
+    into = None
+    if names.is_name(text) and not os.path.exists(text):
+        into = registered(text, root=root, access="write")
+        dest = into.path
+    else:
+        dest = os.path.abspath(text)
+    batches = _batches(source, columns, as_expression(filter), version, read_threads, root)
+    if into is not None and into.data_source_format == "DELTA":
+        return _write_delta(batches, dest, overwrite, t0, into.name)
     _prepare(dest, overwrite)
     job = uuid.uuid4().hex[:12]
     tmp = os.path.join(dest, TEMPORARY, job)
@@ -147,8 +164,41 @@ def _prepare(dest: str, overwrite: bool) -> None:
             os.unlink(p)
 
 
+def _write_delta(
+    batches: Iterator[pa.RecordBatch], dest: str, overwrite: bool, t0: float, name: str
+) -> ExportResult:
+    """One Delta commit of ``batches`` into registered table ``name`` at ``dest``."""
+    import deltalake
+
+    first = next(batches, None)
+    if first is None:
+        raise TableError(f"table {name}: nothing to write (the source has no rows)")
+    if os.path.isdir(os.path.join(dest, "_delta_log")) and not overwrite:
+        raise FileExistsError(f"table {name} has data already; pass overwrite=True to replace it")
+
+    def all_batches() -> Iterator[pa.RecordBatch]:
+        yield first
+        yield from batches
+
+    reader = pa.RecordBatchReader.from_batches(first.schema, all_batches())
+    deltalake.write_deltalake(dest, reader, mode="overwrite" if overwrite else "error")
+    adds = pa.table(deltalake.DeltaTable(dest).get_add_actions(flatten=True)).to_pylist()
+    files = tuple(
+        ExportedFile(
+            os.path.join(dest, str(a["path"])), int(a["num_records"] or 0), int(a["size_bytes"])
+        )
+        for a in sorted(adds, key=lambda a: str(a["path"]))
+    )
+    return ExportResult(dest, files, time.monotonic() - t0)
+
+
 def _batches(
-    source: Any, columns: Sequence[str] | None, expr: Any, version: int | None, threads: int
+    source: Any,
+    columns: Sequence[str] | None,
+    expr: Any,
+    version: int | None,
+    threads: int,
+    root: str | os.PathLike[str] | None = None,
 ) -> Iterator[pa.RecordBatch]:
     """The record batches to write (checked here, before anything is written)."""
     import pyarrow.dataset as ds
@@ -162,7 +212,7 @@ def _batches(
         return iter(source)
     if isinstance(source, ds.Dataset):
         return iter(source.to_batches(columns=cols, filter=expr))
-    src = resolve(source, version=version)
+    src = resolve(source, version=version, root=root)
     cols = check_columns(src, cols)
     units = plan_units(src)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -98,17 +99,20 @@ def read_table(
     *,
     version: int | None = None,
     threads: int = 8,
+    root: str | os.PathLike[str] | None = None,
 ) -> pa.Table:
     """The whole table (a source as :func:`airfs.tables.source.resolve` takes, or a pyarrow
     dataset) as one ``pyarrow.Table``, deletion vectors and ``filter`` applied, projected to
     ``columns``; then ``.to_pandas()`` or ``.column(c).to_numpy()``. For tables that fit in
-    memory; use :class:`airfs.tables.TableDataset` for the others."""
+    memory; use :class:`airfs.tables.TableDataset` for the others. A ``catalog.schema.table``
+    name is resolved through the mount at ``root`` (default ``$AIRFS_VOLUMES``, else
+    ``/Volumes``) and needs ``SELECT`` on the table."""
     import pyarrow.dataset as ds
 
     expr = as_expression(filter)
     if isinstance(source, ds.Dataset):
         return source.to_table(columns=None if columns is None else list(columns), filter=expr)
-    src = resolve(source, version=version)
+    src = resolve(source, version=version, root=root)
     cols = check_columns(src, columns)
     units = plan_units(src)
     parts = list(

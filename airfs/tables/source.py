@@ -14,8 +14,11 @@ A source is one of:
   a ``_temporary/`` directory and no ``_SUCCESS``, it is a write in progress or one that died
   midway, and is refused.
 * a **Parquet file**, a **glob** (``/Volumes/.../*.parquet``) or a **list** of files.
-* a ``catalog.schema.table`` **name**: refused for now with a clear error (tables in governed
-  volumes need the catalog, which is not there yet).
+* a ``catalog.schema.table`` **name** registered in the catalog of the airfs mount at ``root``
+  (``$AIRFS_VOLUMES``, else ``/Volumes``): resolved by its daemon (:mod:`.names`), ``SELECT``
+  checked (a ``PermissionError`` naming it), then read as its registered format (a ``DELTA``
+  table from its log, a ``PARQUET`` table as a Parquet directory) from its location on the
+  mount.
 
 Every data file's path is absolute and local: on an airfs mount the mount's own path.
 """
@@ -26,7 +29,6 @@ import glob as globlib
 import hashlib
 import json
 import os
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..control import client
+from . import names
 
 SUCCESS = "_SUCCESS"
 TEMPORARY = "_temporary"
@@ -105,12 +108,12 @@ class TableSource:
         return client.find_mount(self.files[0].path) if self.files else None
 
 
-_NAME = re.compile(r"^[A-Za-z_][\w-]*\.[A-Za-z_][\w-]*\.[A-Za-z_][\w-]*$")
-
-
-def resolve(source: Any, *, version: int | None = None) -> TableSource:
+def resolve(
+    source: Any, *, version: int | None = None, root: str | os.PathLike[str] | None = None
+) -> TableSource:
     """The :class:`TableSource` that ``source`` names (see the module doc). ``version`` picks a
-    Delta table's version (default: the latest) and is refused for Parquet sources."""
+    Delta table's version (default: the latest) and is refused for Parquet sources. ``root``:
+    the mount table names resolve through (default ``$AIRFS_VOLUMES``, else ``/Volumes``)."""
     if isinstance(source, TableSource):
         return source
     if _is_delta_table_object(source):
@@ -127,11 +130,8 @@ def resolve(source: Any, *, version: int | None = None) -> TableSource:
             f"not {type(source).__name__}"
         )
     text = os.fspath(source)
-    if "/" not in text and _NAME.match(text) and not os.path.exists(text):
-        raise TableError(
-            f"{text!r} looks like a catalog.schema.table name: tables by name need governed "
-            "volumes, which this airfs does not have yet; pass the table's path instead"
-        )
+    if names.is_name(text) and not os.path.exists(text):
+        return resolve_name(text, version=version, root=root)
     path = os.path.abspath(text)
     if any(c in text for c in "*?["):
         found = sorted(p for p in globlib.glob(path, recursive=True) if os.path.isfile(p))
@@ -155,6 +155,43 @@ def resolve(source: Any, *, version: int | None = None) -> TableSource:
     if os.path.isfile(path):
         return _resolve_files(os.path.dirname(path), [path])
     return _resolve_files(path, _parquet_dir_files(path))
+
+
+def registered(
+    name: str, *, root: str | os.PathLike[str] | None = None, access: str = "read"
+) -> names.Registered:
+    """Table ``name`` as the catalog of the mount at ``root`` shows it (``access`` ``"read"``
+    needs SELECT, ``"write"`` MODIFY: ``PermissionError``); :class:`TableError` when it cannot
+    be resolved."""
+    try:
+        return names.lookup(name, root=root, access=access)
+    except names.NameError_ as exc:
+        raise TableError(str(exc)) from None
+
+
+def resolve_name(
+    name: str, *, version: int | None = None, root: str | os.PathLike[str] | None = None
+) -> TableSource:
+    """The source of registered table ``name`` (SELECT checked), read as its format."""
+    reg = registered(name, root=root)
+    info = {"table": name, "table_type": reg.table_type}
+    if reg.data_source_format == "DELTA":
+        if not os.path.isdir(os.path.join(reg.path, "_delta_log")):
+            raise TableError(
+                f"table {name} (DELTA, {reg.path}) has no Delta log yet: nothing was written"
+            )
+        import deltalake
+
+        try:
+            dt = deltalake.DeltaTable(reg.path, version=version)
+        except Exception as exc:  # deltalake raises its own types
+            raise TableError(f"table {name}: cannot open the Delta table: {exc}") from None
+        src = _resolve_delta(dt, version)
+    else:
+        _no_version(version, f"table {name} (PARQUET)")
+        src = _resolve_files(reg.path, _parquet_dir_files(reg.path))
+    return TableSource(src.kind, src.root, src.files, src.schema, src.version,
+                       {**src.info, **info})  # fmt: skip
 
 
 def _no_version(version: int | None, what: str) -> None:

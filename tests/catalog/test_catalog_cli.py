@@ -57,7 +57,8 @@ def test_commands_outputs_and_exit_codes(tmp_path: Path) -> None:
     for argv, reason in (
         (["create-catalog", "main"], "catalog main exists already"),
         (["create-schema", "nope.raw"], "catalog nope does not exist"),
-        (["drop-schema", "main.raw"], "schema main.raw is not empty (drop its volumes first)"),
+        (["drop-schema", "main.raw"],
+         "schema main.raw is not empty (drop its volumes and tables first)"),
         (["create-volume", "main.raw.bad name"], "bad volume name 'bad name'"),
         (["grant", "USE CATALOG", "ON", "VOLUME", "main.raw.images", "TO", "x"],
          "USE CATALOG cannot be granted on a volume"),
@@ -69,9 +70,9 @@ def test_commands_outputs_and_exit_codes(tmp_path: Path) -> None:
         assert code == 1 and err.count("\n") == 1 and reason in err, (argv, err)
     # usage: exit 2
     for argv in (
-        ["grant", "SELECT", "ON", "VOLUME", "main.raw.images", "TO", "x"],
+        ["grant", "EXECUTE", "ON", "VOLUME", "main.raw.images", "TO", "x"],
         ["grant", "READ VOLUME", "IN", "VOLUME", "main.raw.images", "TO", "x"],
-        ["revoke", "READ VOLUME", "ON", "TABLE", "main.raw.images", "FROM", "x"],
+        ["revoke", "READ VOLUME", "ON", "VIEW", "main.raw.images", "FROM", "x"],
         ["create-volume", "main.raw.v", "--location", "relative/dir"],
         ["frobnicate"],
     ):
@@ -88,7 +89,8 @@ def test_help_on_each_command() -> None:
     for c in ("init", "create-catalog", "create-schema", "create-volume", "drop-catalog",
               "drop-schema", "drop-volume", "list", "grant", "revoke", "show-grants",
               "set-owner", "map-principal", "rename-catalog", "rename-schema",
-              "rename-volume"):  # fmt: skip
+              "rename-volume", "create-table", "drop-table", "show-tables", "describe",
+              "update"):  # fmt: skip
         code, out, _ = airfs_main("catalog", c, "--help")
         assert code == 0 and out.startswith(f"usage: airfs catalog {c}"), c
     code, out, _ = airfs_main("catalog", "--help")
