@@ -4,7 +4,7 @@ origin (see the README, "REST API").
 
 Modules: :mod:`.errors` (Unity Catalog's error shape), :mod:`.tokens` (bearer tokens, stored
 hashed at the origin), :mod:`.context` (what a handler gets and returns), :mod:`.resources`
-(catalogs, schemas, volumes, permissions), :mod:`.tables` (tables), :mod:`.files` (the Files API), :mod:`.uploads`
-(multipart upload sessions and download URLs), :mod:`.server` (HTTP, auth, TLS),
-:mod:`.cli` (``airfs catalog serve`` and ``airfs catalog token``).
+(catalogs, schemas, volumes, permissions), :mod:`.tables` (tables), :mod:`.files` (the Files
+API), :mod:`.uploads` (multipart upload sessions and download URLs), :mod:`.server` (HTTP,
+auth, TLS), :mod:`.cli` (``airfs catalog serve`` and ``airfs catalog token``).
 """

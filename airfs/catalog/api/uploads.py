@@ -51,7 +51,7 @@ class Session:
     overwrite: bool
     directory: str
     used: float
-    #: part number → (staged size, ETag)
+    #: part number → (staged size, ETag; "" while the part is being received)
     parts: dict[int, tuple[int, str]] = field(default_factory=dict)
 
 
@@ -172,9 +172,11 @@ class Uploads:
             except (KeyError, TypeError, ValueError):
                 raise bad_request("each part needs a part_number") from None
         wanted.sort()
+        with self._lock:
+            parts = dict(s.parts)
         for i, (n, etag) in enumerate(wanted, 1):
-            have = s.parts.get(n)
-            if n != i or have is None or (etag and etag != have[1]):
+            have = parts.get(n)
+            if n != i or have is None or not have[1] or (etag and etag != have[1]):
                 raise bad_request(f"part {n}: not uploaded, out of order, or another ETag")
         check(self.api, s.who, "create", s.vp)
         staged = stage_file(self.api)
@@ -221,16 +223,32 @@ class Uploads:
             raise bad_request(f"bad part number {number!r}") from None
         if not 1 <= n <= self.api.limits.max_parts:
             raise bad_request(f"parts are numbered 1 to {self.api.limits.max_parts}")
-        held = sum(size for k, (size, _e) in s.parts.items() if k != n)
+        limit = self.api.limits.max_file
+        with self._lock:  # reserve the part's size: parallel parts stay within the limit
+            held = sum(size for k, (size, _e) in s.parts.items() if k != n)
+            if req.body.length > limit - held:
+                raise ApiError(
+                    413,
+                    "INVALID_PARAMETER_VALUE",
+                    f"part {n} of {req.body.length} bytes: the upload may write at "
+                    f"most {limit} bytes",
+                )
+            s.parts[n] = (req.body.length, "")
         path = os.path.join(s.directory, str(n))
-        size = req.body.to_file(path, self.api.limits.max_file - held)
         md5 = hashlib.md5(usedforsecurity=False)
-        with open(path, "rb") as f:
-            while chunk := f.read(1 << 20):
-                md5.update(chunk)
+        try:
+            size = req.body.to_file(path, limit)
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    md5.update(chunk)
+        except BaseException:
+            with self._lock:
+                s.parts.pop(n, None)
+            raise
         etag = md5.hexdigest()
-        s.parts[n] = (size, etag)
-        s.used = time.monotonic()
+        with self._lock:
+            s.parts[n] = (size, etag)
+            s.used = time.monotonic()
         return Reply(200, b"", {"ETag": f'"{etag}"'})
 
     def get_download(self, req: Request, key: str) -> Reply:
