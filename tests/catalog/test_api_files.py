@@ -20,6 +20,13 @@ pytest.importorskip("databricks.sdk")
 from databricks.sdk import WorkspaceClient
 from databricks.sdk.config import Config
 from databricks.sdk.errors import AlreadyExists, NotFound, PermissionDenied
+from databricks.sdk.service.catalog import (
+    DataSourceFormat,
+    PermissionsChange,
+    Privilege,
+    TableType,
+    VolumeType,
+)
 
 from airfs.origin.base import NotFound as OriginNotFound
 
@@ -231,3 +238,35 @@ def test_oversize_and_unframed_bodies(api: Api, tmp_path_factory: pytest.TempPat
         assert srv.raw("PUT", f"{FS}/upload-part/not-a-session/1", body=b"x")[0] == 403
         with pytest.raises(OriginNotFound):
             api.o.view.stat(path.removeprefix("/Volumes/"))  # nothing was written
+
+
+def test_table_files_follow_select_not_the_volume(api: Api) -> None:
+    """A table registered over files in a volume: its grantee reads them over the Files API
+    with SELECT alone (no READ VOLUME), as through the mount, and nothing else there."""
+    ops = api.sdk("ops")
+    v = f"tv{uuid.uuid4().hex[:6]}"
+    ops.volumes.create(
+        catalog_name="main", schema_name="raw", name=v, volume_type=VolumeType.MANAGED
+    )
+    ops.files.upload(f"/Volumes/main/raw/{v}/t/part-0.parquet", io.BytesIO(b"PAR1 rows"))
+    ops.files.upload(f"/Volumes/main/raw/{v}/other.txt", io.BytesIO(b"not the table's"))
+    ops.tables.create(
+        name=f"t_{v}",
+        catalog_name="main",
+        schema_name="raw",
+        table_type=TableType.EXTERNAL,
+        data_source_format=DataSourceFormat.PARQUET,
+        storage_location=f"/Volumes/main/raw/{v}/t",
+    )
+    ops.grants.update(
+        "table",
+        f"main.raw.t_{v}",
+        changes=[PermissionsChange(principal="carol", add=[Privilege.SELECT])],
+    )
+    carol = WorkspaceClient(host=api.srv.url, token=token(api.o, "carol", "ml"))
+    got = carol.files.download(f"/Volumes/main/raw/{v}/t/part-0.parquet").contents.read()
+    assert got == b"PAR1 rows"
+    with pytest.raises(PermissionDenied):  # no MODIFY
+        carol.files.upload(f"/Volumes/main/raw/{v}/t/part-1.parquet", io.BytesIO(b"x"))
+    with pytest.raises(PermissionDenied):  # outside the table: the volume's rules
+        carol.files.download(f"/Volumes/main/raw/{v}/other.txt").contents.read()

@@ -19,6 +19,7 @@ import ssl
 import sys
 import threading
 import urllib.parse
+from collections.abc import Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, BinaryIO, cast
 
@@ -183,7 +184,7 @@ class Handler(BaseHTTPRequestHandler):
             method=self.command,
             raw_path=raw_path,
             query=dict(pairs),
-            headers={k: v for k, v in self.headers.items()},
+            headers=cast(Mapping[str, str], self.headers),  # case-insensitive
             who=who,
             principal=principal,
             body=body,
