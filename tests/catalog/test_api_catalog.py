@@ -358,6 +358,9 @@ def test_bad_input_gets_unity_catalogs_errors(api: Api) -> None:
     )
     assert e("GET", f"{CAT}/functions", token=ops)[:2] == (404, "ENDPOINT_NOT_FOUND")
     assert e("GET", "/api/2.0/clusters/list", token=ops)[:2] == (404, "ENDPOINT_NOT_FOUND")
+    # what the HTTP layer itself refuses, in the same shape
+    assert e("OPTIONS", f"{CAT}/catalogs", token=ops)[:2] == (501, "NOT_IMPLEMENTED")
+    assert e("GET", "/" + "x" * 70000, token=ops)[:2] == (414, "BAD_REQUEST")
     # a revoked token stops working at the next request
     extra = token(api.o, "carol")
     assert srv.raw("GET", f"{CAT}/catalogs", token=extra)[0] == 200

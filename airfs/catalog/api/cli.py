@@ -59,10 +59,6 @@ def _origin(args: argparse.Namespace) -> Any:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .context import Api, Limits
-    from .server import make_server, tls_context
-    from .tokens import TokenStore
-
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -70,17 +66,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     host, port = args.listen
     if bool(args.tls_cert) != bool(args.tls_key):
         return _fail("give --tls-cert and --tls-key together", 2)
-    stage = args.stage_dir or tempfile.mkdtemp(prefix="airfs-api-")
     try:
         origin = _origin(args)
     except CatalogError as exc:
         return _fail(str(exc))
+    stage = args.stage_dir or tempfile.mkdtemp(prefix="airfs-api-")
+    try:
+        return _serve(args, origin, stage, host, port)
+    finally:
+        origin.close()
+        if not args.stage_dir:
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _serve(args: argparse.Namespace, origin: Any, stage: str, host: str, port: int) -> int:
+    from .context import Api, Limits
+    from .errors import ApiError
+    from .server import make_server, tls_context
+    from .tokens import TokenStore
+
     try:
         api = Api(origin, stage_dir=stage, limits=Limits(max_file=args.max_file_size))
-        try:
-            api.meta()
-        except Exception as exc:  # the origin's, or no catalog: say it and stop
-            return _fail(f"{origin.url}: {getattr(exc, 'message', None) or exc}")
+        api.meta()
         tls = tls_context(args.tls_cert, args.tls_key) if args.tls_cert else None
         server = make_server(
             api,
@@ -90,8 +97,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
             tls=tls,
             allow_insecure_remote=args.allow_insecure_remote,
         )
-    except (CatalogError, OSError) as exc:
-        origin.close()
+    except ApiError as exc:  # no catalog at the origin
+        return _fail(f"{origin.url}: {exc.message}")
+    except (CatalogError, OSError) as exc:  # origin errors are OSErrors too
         return _fail(str(exc))
 
     def stop(signum: int, frame: FrameType | None) -> None:
@@ -106,9 +114,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
         server.uploads.close()
-        origin.close()
-        if not args.stage_dir:
-            shutil.rmtree(stage, ignore_errors=True)
         log.info("stopped")
     return 0
 

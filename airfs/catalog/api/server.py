@@ -129,11 +129,8 @@ class Handler(BaseHTTPRequestHandler):
     # -- the standard library's own answers in Unity Catalog's shape ------------------------
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
-        err = ApiError(
-            code,
-            "BAD_REQUEST" if code < 500 else "INTERNAL_ERROR",
-            message or self.responses.get(code, ("error",))[0],
-        )
+        kind = {501: "NOT_IMPLEMENTED"}.get(code, "BAD_REQUEST" if code < 500 else "INTERNAL_ERROR")
+        err = ApiError(code, kind, message or self.responses.get(code, ("error",))[0])
         self.close_connection = True
         self._send(Reply(code, err.body(), {"Connection": "close"}))
 
