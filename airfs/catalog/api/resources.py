@@ -71,8 +71,12 @@ def names_of(text: str, depth: int) -> tuple[str, ...]:
         raise bad_request(str(exc)) from None
 
 
-def _visible(api: Api, req: Request, names: tuple[str, ...]) -> Securable:
-    meta = current(api)
+def _visible(
+    api: Api, req: Request, names: tuple[str, ...], meta: Metastore | None = None
+) -> Securable:
+    """The object ``names`` if the caller may see it (in ``meta``, default: read now); 404
+    otherwise."""
+    meta = meta or current(api)
     found = meta.find(names)
     if found is None or not allowed(meta, req.who, "lookup", "/".join(names)).ok:
         raise not_found(f"{LEVELS[len(names)]} {'.'.join(names)} does not exist")
@@ -122,13 +126,7 @@ def page(req: Request, names: list[str]) -> tuple[list[str], str | None]:
 
 def _list(api: Api, req: Request, parent: tuple[str, ...], key: str) -> Reply:
     meta = current(api)
-    if parent:
-        _visible(api, req, parent)
-        found = meta.find(parent)
-        assert found is not None
-        children = found[-1].children
-    else:
-        children = meta.catalogs
+    children = _visible(api, req, parent, meta).children if parent else meta.catalogs
     names = [
         n for n in sorted(children) if allowed(meta, req.who, "lookup", "/".join((*parent, n))).ok
     ]
