@@ -242,21 +242,27 @@ def test_unitycatalog_client(api: Api) -> None:
         Configuration,
         GrantsApi,
         SchemasApi,
+        TablesApi,
         VolumesApi,
     )
     from unitycatalog.client.exceptions import ApiException
     from unitycatalog.client.models import (
+        ColumnInfo,
+        ColumnTypeName,
         CreateSchema,
+        CreateTable,
         CreateVolumeRequestContent,
         SecurableType,
         UpdatePermissions,
     )
+    from unitycatalog.client.models import DataSourceFormat as UcFormat
     from unitycatalog.client.models import (
         PermissionsChange as UcChange,
     )
     from unitycatalog.client.models import (
         Privilege as UcPrivilege,
     )
+    from unitycatalog.client.models import TableType as UcTableType
     from unitycatalog.client.models import (
         VolumeType as UcVolumeType,
     )
@@ -294,6 +300,27 @@ def test_unitycatalog_client(api: Api) -> None:
                 ),
             )
             out["grants"] = [(a.principal, a.privileges) for a in g.privilege_assignments]
+            t = await TablesApi(ops).create_table(
+                CreateTable(
+                    name="events",
+                    catalog_name=c,
+                    schema_name="s",
+                    table_type=UcTableType.MANAGED,
+                    data_source_format=UcFormat.DELTA,
+                    columns=[
+                        ColumnInfo(
+                            name="id",
+                            type_text="bigint",
+                            type_name=ColumnTypeName.LONG,
+                            position=0,
+                            nullable=False,
+                        )
+                    ],
+                )
+            )
+            out["table"] = (t.name, t.table_type, [col.name for col in t.columns or []])
+            listed = await TablesApi(ops).list_tables(catalog_name=c, schema_name="s")
+            out["tables"] = [x.name for x in listed.tables or []]
             try:
                 await CatalogsApi(alice).get_catalog(c)
             except ApiException as exc:
@@ -309,6 +336,8 @@ def test_unitycatalog_client(api: Api) -> None:
     assert out["schema"] == (f"{c}.s", "uc", "ops")
     assert out["volume"] == (f"{c}.s.v", UcVolumeType.MANAGED)
     assert out["grants"] == [("alice", [UcPrivilege.USE_SCHEMA])]
+    assert out["table"] == ("events", UcTableType.MANAGED, ["id"])
+    assert out["tables"] == ["events"]
     assert out["alice"] == (404, "RESOURCE_DOES_NOT_EXIST")
     assert out["missing"] == (404, "RESOURCE_DOES_NOT_EXIST")
 
