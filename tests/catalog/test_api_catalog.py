@@ -20,7 +20,7 @@ from airfs.catalog.api.tokens import TOKENS_PATH
 pytest.importorskip("databricks.sdk")
 pytest.importorskip("unitycatalog.client")
 from databricks.sdk import WorkspaceClient
-from databricks.sdk.errors import NotFound, PermissionDenied, ResourceAlreadyExists
+from databricks.sdk.errors import DatabricksError, NotFound, PermissionDenied, ResourceAlreadyExists
 from databricks.sdk.service.catalog import (
     DataSourceFormat,
     PermissionsChange,
@@ -108,9 +108,9 @@ def test_sdk_creates_lists_pages_updates_and_drops(api: Api) -> None:
     with pytest.raises(ResourceAlreadyExists) as e2:
         ops.catalogs.create(name=c)
     assert e2.value.error_code == "RESOURCE_ALREADY_EXISTS"
-    with pytest.raises(Exception) as e3:
+    with pytest.raises(DatabricksError) as e3:
         ops.schemas.delete(f"{c}.s2")  # not empty
-    assert getattr(e3.value, "error_code", None) == "INVALID_STATE"
+    assert e3.value.error_code == "INVALID_STATE"
     ops.volumes.delete(f"{c}.s2.v")
     ops.schemas.delete(f"{c}.s2")
     for n in names:

@@ -19,7 +19,7 @@ from cattest_util import Origin_, site
 pytest.importorskip("databricks.sdk")
 from databricks.sdk import WorkspaceClient
 from databricks.sdk.config import Config
-from databricks.sdk.errors import AlreadyExists, NotFound, PermissionDenied
+from databricks.sdk.errors import AlreadyExists, DatabricksError, NotFound, PermissionDenied
 from databricks.sdk.service.catalog import (
     DataSourceFormat,
     PermissionsChange,
@@ -121,9 +121,9 @@ def test_sdk_small_and_multipart_uploads_downloads_and_listings(api: Api) -> Non
     with pytest.raises(NotFound):
         alice.files.get_directory_metadata(f"{base}/x/nope")
     alice.files.upload(f"{base}/x/y/f", io.BytesIO(b"f"))
-    with pytest.raises(Exception) as e:
+    with pytest.raises(DatabricksError) as e:
         alice.files.delete_directory(f"{base}/x/y")  # not empty
-    assert getattr(e.value, "error_code", None) == "RESOURCE_CONFLICT"
+    assert e.value.error_code == "RESOURCE_CONFLICT"
     alice.files.delete(f"{base}/x/y/f")
     alice.files.delete_directory(f"{base}/x/y")
     with pytest.raises(NotFound):
