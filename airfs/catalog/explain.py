@@ -1,6 +1,6 @@
 """Clear errors for the torch package: when an airfs mount refuses a path (EACCES), ask its
 daemon (with this process's own credentials) whether the catalog is why, and say which
-privilege on which volume is missing."""
+privilege on which volume (or table, for a table's files) is missing."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def explain(exc: PermissionError, path: str, access: str) -> PermissionError:
     if not isinstance(out, dict) or not out.get("missing") or out.get("errno") != errno.EACCES:
         return exc
     volume = out.get("volume")
+    missing = str(out["missing"])
     hint = f" (see airfs catalog show-grants {volume})" if volume else ""
+    if " on table " in missing:  # a table's files: its grants are what to look at
+        hint = f" (see airfs catalog show-grants --type TABLE {missing.split(' on table ')[1]})"
     # the path is in the message (given as filename too, str() would name it twice)
     return PermissionError(errno.EACCES, f"{path}: permission denied: needs {out['missing']}{hint}")

@@ -88,13 +88,11 @@ class CatalogService:
                 "",
                 "on a governed mount name a volume, a table's path or a path inside one",
             ), volume
-        d = allowed(meta, w, "open_read", path, index)
-        if d.ok and access == "write":
-            # what creating a file in it needs (WRITE VOLUME, or MODIFY in a table)
-            d = allowed(meta, w, "create", f"{path}/x", index)
-            if not d.ok:
-                d = Decision(d.errno, d.missing, "flush denied")
-        return d, volume
+        if access != "write":
+            return allowed(meta, w, "open_read", path, index), volume
+        # what creating a file in it needs (READ + WRITE VOLUME, or MODIFY in a table)
+        d = allowed(meta, w, "create", f"{path}/x", index)
+        return (d if d.ok else Decision(d.errno, d.missing, "flush denied")), volume
 
     async def check_control(self, caller: Caller, op: str, path: str) -> None:
         """Raise ``PermissionError``/``FileNotFoundError`` unless ``caller`` may ``op``

@@ -181,7 +181,10 @@ def _write_delta(
         yield from batches
 
     reader = pa.RecordBatchReader.from_batches(first.schema, all_batches())
-    deltalake.write_deltalake(dest, reader, mode="overwrite" if overwrite else "error")
+    if overwrite:  # the rows and the schema are replaced
+        deltalake.write_deltalake(dest, reader, mode="overwrite", schema_mode="overwrite")
+    else:
+        deltalake.write_deltalake(dest, reader, mode="error")
     adds = pa.table(deltalake.DeltaTable(dest).get_add_actions(flatten=True)).to_pylist()
     files = tuple(
         ExportedFile(

@@ -76,3 +76,40 @@ def test_table_commands(tmp_path: Path) -> None:
     assert (o / moved / "f.parquet").exists() and not (o / "main/default/.table-sales").exists()
     assert cat(o, "drop-table", "main.default.events")[0] == 0
     assert (o / "main/default/raw/ev").is_dir()  # an external table's files stay
+
+
+@pytest.mark.s3
+def test_table_commands_on_an_s3_origin(seaweed: object) -> None:
+    """The catalog at an S3 origin (SeaweedFS): a managed table's directory made there, its
+    objects moved aside by drop-table, an external table's left in place."""
+    from cattest_util import put, site
+
+    from airfs.origin.base import NotFound
+
+    with site("s3", seaweed) as s:
+        o = s.origin
+        for argv in (
+            ["init"],
+            ["create-catalog", "main"],
+            ["create-schema", "main.default"],
+            ["create-volume", "main.default.raw"],
+            ["create-table", "main.default.sales"],
+            ["create-table", "main.default.ev", "--location", "main/default/raw/ev"],
+        ):
+            code, _out, err = o.catalog(*argv)
+            assert code == 0, (argv, err)
+        put(o.view, s.base, "main/default/.table-sales/_delta_log/0.json", b"{}")
+        put(o.view, s.base, "main/default/raw/ev/p.parquet", b"p")
+        code, out, err = o.catalog("--json", "show-tables", "main.default")
+        assert [t["full_name"] for t in json.loads(out)] == [
+            "main.default.ev",
+            "main.default.sales",
+        ]
+        code, out, err = o.catalog("--json", "drop-table", "main.default.sales")
+        assert code == 0, err
+        moved = json.loads(out)["files_moved_to"]
+        assert o.view.stat(f"{moved}/_delta_log/0.json").size == 2
+        with pytest.raises(NotFound):
+            o.view.stat("main/default/.table-sales/_delta_log/0.json")
+        assert o.catalog("drop-table", "main.default.ev")[0] == 0
+        assert o.view.stat("main/default/raw/ev/p.parquet").size == 1

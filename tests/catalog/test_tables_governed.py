@@ -101,6 +101,7 @@ r = {
     "events": rows("main.raw.events"),
     "nope": rows("main.raw.nope"),
 }
+r["explain"] = str(explain(PermissionError(13, "denied"), T + "/x.parquet", "write"))
 try:
     at.export_table(MP + "/main/raw/secret/events", "main.raw.sales", root=MP)
     r["export_into"] = ["ok", None]
@@ -109,7 +110,10 @@ except PermissionError as exc:
 print(json.dumps(r))
 """
 
-IMPORTS = "import airfs.tables as at, deltalake, pyarrow, pyarrow.parquet, pyarrow.dataset"
+IMPORTS = (
+    "import airfs.tables as at, deltalake, pyarrow, pyarrow.parquet, pyarrow.dataset\n"
+    "from airfs.catalog.explain import explain"
+)
 
 
 def test_table_grants_through_the_mount(tsite: Site, folks: People) -> None:
@@ -131,6 +135,10 @@ def test_table_grants_through_the_mount(tsite: Site, folks: People) -> None:
         "[Errno 13] table main.raw.sales: permission denied: needs MODIFY on table "
         "main.raw.sales (see airfs catalog show-grants --type TABLE main.raw.sales)",
     ], a
+    assert a["explain"].endswith(
+        ".table-sales/x.parquet: permission denied: needs MODIFY on table main.raw.sales "
+        "(see airfs catalog show-grants --type TABLE main.raw.sales)"
+    ), a
     # bob: no table privilege; the managed storage does not exist for him
     assert b["schema"] == ["ok", ["images", "secret"]], b
     assert b["managed_stat"][0] == "ENOENT" and b["managed_log"][0] == "ENOENT", b

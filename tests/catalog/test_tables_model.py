@@ -225,3 +225,49 @@ def test_drop_rename_and_the_table_files() -> None:
     m, out = run(m, ROOT, "drop-table", name="main.d2.ext")
     assert "moves" not in out  # an external table's files stay
     assert m.tables() == {}
+
+
+def test_guard_decisions_storage_and_control_for_table_paths() -> None:
+    """The daemon's guard over a catalog with tables: decisions keyed by the table a path is
+    in (one volume, two answers), a table's location its own storage, flush of a table's path
+    with MODIFY, and ``why`` naming the table privilege."""
+    import trio
+
+    from airfs.catalog.service import CatalogService
+    from airfs.core.context import Caller
+    from airfs.testing.memory import MemoryOrigin
+
+    nobody = Caller(65534, 65534, 0)  # "nobody" on Debian
+    s = CatalogService(MemoryOrigin(), 60.0)
+    run_ = s.store.run
+    run_(ROOT, "init", {})
+    for command, name in (("create-catalog", "main"), ("create-schema", "main.raw"),
+                          ("create-volume", "main.raw.v")):  # fmt: skip
+        run_(ROOT, command, {"name": name})
+    run_(ROOT, "create-table", {"name": "main.raw.t", "location": "main/raw/v/t"})
+    run_(ROOT, "create-table", {"name": "main.raw.m"})
+    for priv, kind, name in (("USE CATALOG", "catalog", "main"), ("USE SCHEMA", "schema",
+                             "main.raw"), ("SELECT", "table", "main.raw.t"),
+                             ("MODIFY", "table", "main.raw.m")):  # fmt: skip
+        run_(ROOT, "grant", {"privilege": priv, "type": kind, "name": name, "principal": "nobody"})
+
+    async def main() -> None:
+        await s.cache.current()
+        g = s.guard
+        assert g.decide(nobody, "open_read", "main/raw/v/t/a.parquet").ok
+        d = g.decide(nobody, "open_read", "main/raw/v/other.bin")  # same volume, no table
+        assert d.errno == errno.EACCES and d.missing == "READ VOLUME on volume main.raw.v"
+        assert g.storage("main/raw/v/t/a") == "main/raw/v/t" and g.storage("main/raw/v/x") == (
+            "main/raw/v"
+        )
+        assert g.storage("main/raw/.table-m/x") == "main/raw/.table-m"
+        assert g.visible(nobody, "main/raw", ".table-m")
+        assert not g.visible(nobody, "main/raw", ".table-x")
+        await s.check_control(nobody, "flush", "main/raw/.table-m")  # MODIFY: allowed
+        with pytest.raises(OSError) as e:
+            await s.check_control(nobody, "flush", "main/raw/v/t")
+        assert e.value.errno == errno.EACCES and "MODIFY on table main.raw.t" in str(e.value)
+        why = s.why(nobody, "main/raw/.table-m/f", "read")
+        assert why["missing"] == "SELECT on table main.raw.m" and why["errno"] == errno.EACCES
+
+    trio.run(main)
