@@ -150,6 +150,20 @@ def test_ranges_and_head(api: Api) -> None:
     ] == (416, "INVALID_PARAMETER_VALUE")
 
 
+def test_if_match_puts_only_over_the_version_read(api: Api) -> None:
+    """Optimistic concurrency as a node commits: a PUT with the ETag it read wins once; a
+    second writer holding the same (now old) ETag gets 412 and changes nothing."""
+    tok = api.srv.tokens["alice"]
+    url = f"{FS}/files{d()}/shared.txt?overwrite=true"
+    assert api.srv.raw("PUT", url, token=tok, body=b"v1")[0] == 204
+    _s, h, _b = api.srv.raw("HEAD", url, token=tok)
+    etag = h["etag"]
+    assert api.srv.raw("PUT", url, token=tok, body=b"v2", headers={"If-Match": etag})[0] == 204
+    status, code, _m = api.srv.error("PUT", url, token=tok, body=b"v3", headers={"If-Match": etag})
+    assert (status, code) == (412, "PRECONDITION_FAILED")
+    assert api.srv.raw("GET", url, token=tok)[2] == b"v2"
+
+
 def test_files_are_governed_like_the_mount(api: Api) -> None:
     bob, ops = api.sdk("bob"), api.sdk("ops")
     base = d()

@@ -8,7 +8,8 @@ Every call is decided by :func:`airfs.catalog.model.allowed` with the mount's ow
 ``READ VOLUME``, changing ``WRITE VOLUME`` (and ``USE`` above); a volume the caller may not
 see is 404 like one that does not exist. Bytes go to the origin as a node writes them: a
 file is staged locally, then put with one atomic replace (``overwrite=false``, the default,
-is a conditional put that must not find the file: 409 ``ALREADY_EXISTS``); missing parent
+is a conditional put that must not find the file: 409 ``ALREADY_EXISTS``; ``If-Match:
+"<ETag>"`` puts only over that version of the file, 412 otherwise); missing parent
 directories are made first. Files are created ``0666`` and directories ``0777``: over the API
 the grants alone decide, as for a volume's own directory.
 
@@ -122,14 +123,22 @@ def make_parents(api: Api, vp: VolumePath, *, upto: int) -> None:
                 ) from None
 
 
-def commit(api: Api, vp: VolumePath, staged: str, *, overwrite: bool) -> Entry:
+def commit(
+    api: Api, vp: VolumePath, staged: str, *, overwrite: bool, if_match: str | None = None
+) -> Entry:
     """Put local file ``staged`` at ``vp`` (atomic replace; conditional without
-    ``overwrite``)."""
+    ``overwrite``; with ``if_match``, a version tag as ``GET`` answers it in ``ETag``, only
+    over that version: 412 otherwise, as a node's commit finds a conflict)."""
+    expected = if_match if if_match is not None else (None if overwrite else "")
     try:
         api.origin.check_name(vp.origin)
         make_parents(api, vp, upto=vp.depth - 1)
-        return api.origin.put(vp.origin, staged, None if overwrite else "", mode=FILE_MODE)
+        return api.origin.put(vp.origin, staged, expected, mode=FILE_MODE)
     except Conflict:
+        if if_match is not None:
+            raise ApiError(
+                412, "PRECONDITION_FAILED", f"{vp.shown} is no longer version {if_match}"
+            ) from None
         raise ApiError(409, "ALREADY_EXISTS", f"{vp.shown} exists (overwrite=false)") from None
     except OriginError as exc:
         raise from_origin(exc, vp.shown) from None
@@ -229,7 +238,8 @@ def _files(api: Api, req: Request, raw: str) -> Reply:
         staged = stage_file(api)
         try:
             req.body.to_file(staged, api.limits.max_file)
-            commit(api, vp, staged, overwrite=overwrite)
+            tag = req.headers.get("If-Match")
+            commit(api, vp, staged, overwrite=overwrite, if_match=tag.strip('"') if tag else None)
         finally:
             os.unlink(staged)
         return Reply(204, b"")
