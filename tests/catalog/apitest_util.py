@@ -125,8 +125,9 @@ def serve(o: Origin_, log: Path, *extra: str) -> Iterator[Server]:
         assert not bad, "unexpected in the server log:\n" + "\n".join(bad[:10])
 
 
-def serve_fails(o: Origin_, *extra: str) -> tuple[int, str]:
-    """Run ``serve`` expecting it to refuse to start: (exit code, stderr)."""
+def serve_fails(o: Origin_, *extra: str, tmpdir: Path | None = None) -> tuple[int, str]:
+    """Run ``serve`` expecting it to refuse to start: (exit code, stderr); ``tmpdir``: its
+    ``TMPDIR`` (where its staging directory goes)."""
     cmd = [
         *airfs_cmd(),
         "catalog",
@@ -136,5 +137,6 @@ def serve_fails(o: Origin_, *extra: str) -> tuple[int, str]:
         "serve",
         *extra,
     ]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env={**os.environ, **o.env})
+    env = {**os.environ, **o.env, **({"TMPDIR": str(tmpdir)} if tmpdir else {})}
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     return p.returncode, p.stderr

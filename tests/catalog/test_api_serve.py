@@ -89,7 +89,8 @@ def test_loopback_only_without_tls(origin: tuple[Origin_, Path]) -> None:
     assert code == 2 and "--tls-cert and --tls-key together" in err
 
 
-def test_refuses_to_start_without_a_catalog() -> None:
+def test_refuses_to_start_without_a_catalog(tmp_path: Path) -> None:
     with site("posix") as s:
-        code, err = serve_fails(s.origin, "--listen", "127.0.0.1:0")
+        code, err = serve_fails(s.origin, "--listen", "127.0.0.1:0", tmpdir=tmp_path)
         assert code == 1 and "no catalog" in err
+    assert list(tmp_path.iterdir()) == []  # its staging directory went with it
