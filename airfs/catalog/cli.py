@@ -364,7 +364,7 @@ def register(sub: Any) -> None:
     p.add_argument("--owner", metavar="PRINCIPAL", help="the new owner")
 
     p = cs.add_parser(
-        "list", help="list catalogs, schemas or volumes", description="What you may see."
+        "list", help="list catalogs, schemas, volumes and tables", description="What you may see."
     )
     p.add_argument("name", nargs="?", metavar="CAT[.SCH]")
 

@@ -7,7 +7,8 @@ Who may do what (Unity Catalog's rules):
   ``location`` (an *external* table): a path inside a managed volume needs ``READ VOLUME``
   and ``WRITE VOLUME`` on that volume (whoever registers a table over files gives its grantees
   a way to them, so they must be the registrant's to give); a path outside every catalog is
-  for admins only. Without it (a *managed* table) airfs keeps the files at
+  for admins only, and at least three levels deep (the mount's three top levels take no
+  files). Without it (a *managed* table) airfs keeps the files at
   :func:`~.table.managed_location`. A table and a volume of one schema never share a name;
   two tables never share (or nest) a location.
 * ``drop-table`` — ``MANAGE`` on the table (owners have it) and ``USE`` above. A managed
@@ -82,6 +83,12 @@ def _check_external(meta: Metastore, w: Who, location: str, names: tuple[str, ..
     elif not is_admin(meta, w):
         raise refuse(
             f"{w.name} is not a catalog admin (only admins register tables outside volumes)"
+        )
+    elif len(parts) < 3:
+        raise CatalogError(
+            f"bad location {location!r} for table {dotted}: outside the catalogs a table's "
+            "location has at least three levels (TOP/A/B): the mount's three top levels take "
+            "no files"
         )
     for other, onames in meta.tables().items():
         if (

@@ -19,11 +19,12 @@ from dataclasses import dataclass
 from ..control import client
 
 #: ``catalog.schema.table`` (Unity Catalog's three-level name)
-NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][A-Za-z0-9_-]*\.[A-Za-z0-9_][\w-]*$")
+_PART = r"[A-Za-z0-9_][A-Za-z0-9_-]*"
+NAME = re.compile(rf"^{_PART}\.{_PART}\.{_PART}$")
 DEFAULT_ROOT = "/Volumes"
 
 
-class NameError_(ValueError):
+class UnresolvedName(ValueError):
     """Raised (as :class:`~airfs.tables.source.TableError`) by :func:`lookup`; see there."""
 
 
@@ -59,13 +60,13 @@ def lookup(
     ``access`` ``"read"`` needs ``SELECT``, ``"write"`` needs ``MODIFY``: without it,
     ``PermissionError`` (EACCES) naming the privilege and the table. Not a mount, an
     ungoverned one, or a table that does not exist (or that the caller may not see): ``ValueError``
-    (:class:`NameError_`, turned into ``TableError`` by the caller) with the reason."""
+    (:class:`UnresolvedName`, turned into ``TableError`` by the caller) with the reason."""
     where = volumes_root(root)
     mp = client.find_mount(where)
     if mp is None or os.path.realpath(where) != mp:
-        raise NameError_(
-            f"{name!r}: a table name is resolved through an airfs mount, and {where} is not "
-            "one (mount airfs there, set AIRFS_VOLUMES or pass root=)"
+        raise UnresolvedName(
+            f"{name!r} is a catalog.schema.table name, resolved through an airfs mount, and "
+            f"{where} is not one (mount airfs there, set AIRFS_VOLUMES or pass root=)"
         )
     try:
         info = client.request(
@@ -73,13 +74,13 @@ def lookup(
         )
     except client.ControlError as exc:
         if exc.errno == errno.ENOENT:
-            raise NameError_(
+            raise UnresolvedName(
                 f"table {name} does not exist at {mp}, or you may not see it (it needs USE "
                 "CATALOG and USE SCHEMA)"
             ) from None
-        raise NameError_(f"table {name}: {exc}") from None
+        raise UnresolvedName(f"table {name}: {exc}") from None
     except TimeoutError as exc:
-        raise NameError_(f"table {name}: the daemon of {mp} did not answer ({exc})") from None
+        raise UnresolvedName(f"table {name}: the daemon of {mp} did not answer ({exc})") from None
     held = frozenset(str(p) for p in info.get("privileges", []))
     need = "SELECT" if access == "read" else "MODIFY"
     if need not in held:

@@ -165,7 +165,7 @@ def registered(
     be resolved."""
     try:
         return names.lookup(name, root=root, access=access)
-    except names.NameError_ as exc:
+    except names.UnresolvedName as exc:
         raise TableError(str(exc)) from None
 
 

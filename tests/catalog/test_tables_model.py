@@ -195,13 +195,17 @@ def test_external_table_in_a_volume_rule() -> None:
 def test_external_table_outside_the_catalogs() -> None:
     m = base()
     refused(m, ALICE, "create-table", errno.EACCES, "lacks CREATE TABLE", name="main.default.e",
+            location="shared/x/e")  # fmt: skip
+    refused(m, ROOT, "create-table", errno.EINVAL, "at least three levels", name="main.default.e",
             location="shared/e")  # fmt: skip
-    m, _ = run(m, ROOT, "create-table", name="main.default.e", location="shared/e")
+    m, _ = run(m, ROOT, "create-table", name="main.default.e", location="shared/x/e")
     assert allowed(m, ALICE, "lookup", "shared").errno == errno.ENOENT
     m = grant(m, "SELECT", "TABLE", "main.default.e", "alice")
     assert allowed(m, ALICE, "lookup", "shared").ok
     assert visible(m, ALICE, "", "shared")
-    assert allowed(m, ALICE, "open_read", "shared/e/f.parquet").ok
+    assert allowed(m, ALICE, "lookup", "shared/x").ok
+    assert allowed(m, ALICE, "open_read", "shared/x/e/f.parquet").ok
+    assert allowed(m, ROOT, "create", "shared/x/e/f.parquet").ok
     assert allowed(m, ALICE, "readdir", "shared").errno in (errno.EACCES, errno.ENOENT)
 
 
