@@ -143,7 +143,7 @@ def _via_origin(args: argparse.Namespace, command: str, cargs: dict[str, Any]) -
     from .store import CatalogStore
 
     try:
-        origin = _open_origin(args)
+        origin = open_origin(args)
     except OriginError as exc:
         raise CatalogError(f"origin {args.origin}: {exc.strerror or exc}") from None
     try:
@@ -158,7 +158,7 @@ def _via_origin(args: argparse.Namespace, command: str, cargs: dict[str, Any]) -
         origin.close()
 
 
-def _open_origin(args: argparse.Namespace) -> Any:
+def open_origin(args: argparse.Namespace) -> Any:
     spec: str = args.origin
     if spec.startswith("s3://"):
         from airfs.origin.s3 import S3Origin
@@ -410,3 +410,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("local", metavar="LOCAL")
     p.add_argument("principal", nargs="?", metavar="PRINCIPAL")
+
+    from .api.cli import register as register_api
+
+    register_api(cs)
