@@ -231,8 +231,8 @@ class Filesystem(NameOps):
         at = self.inodes.at
         return hash(
             tuple(
-                (name, kind, node.ino if (node := at(prefix + name)) is not None else 0)
-                for name, kind, *_ in d.entries
+                (e.name, e.kind, node.ino if (node := at(prefix + e.name)) is not None else 0)
+                for e in d.entries
             )
         )
 

@@ -17,7 +17,7 @@ from .attrs import Attr
 from .inodes import Node
 from .readpath import Reader
 
-__all__ = ["DirHandle", "Emit", "Handle", "err"]
+__all__ = ["DirEntry", "DirHandle", "Emit", "Handle", "err"]
 
 
 def err(code: int, msg: str) -> OSError:
@@ -42,11 +42,25 @@ class Handle:
     pinned: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One name of a directory snapshot: its kind, the origin's entry (None: only staged),
+    and the staged file that was at that name when the snapshot was taken (None: none)."""
+
+    name: str
+    kind: Kind
+    entry: Entry | None
+    staged: Staged | None
+
+
 @dataclass(eq=False)
 class DirHandle:
+    """An open directory: the snapshot of its names taken at ``opendir`` (sorted by name),
+    and when the origin was listed for it."""
+
     fh: int
     node: Node
-    entries: list[tuple[str, Kind, Entry | None, Staged | None]]
+    entries: list[DirEntry]
     listed_at: float
     #: the listing was filtered for its caller (governed volumes): the kernel must not keep
     #: it for other callers

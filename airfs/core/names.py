@@ -18,13 +18,12 @@ from airfs.origin.base import (
     join,
     split,
 )
-from airfs.writeback.staging import Staged
 
 from .attrs import Attr, kind_of_mode
 from .base import ADOPT_MAX, counted
 from .context import current_caller
 from .files import FileOps
-from .handles import DirHandle, Emit, err
+from .handles import DirEntry, DirHandle, Emit, err
 from .inodes import Node
 from .readpath import ObjectRef
 
@@ -50,19 +49,18 @@ class NameOps(FileOps):
         t0 = time.monotonic()
         listed = await self.origin.list(path)
         self.listings.put(path, listed, t0)
-        merged: dict[str, tuple[str, Kind, Entry | None, Staged | None]] = {
-            e.name: (e.name, e.kind, e, None) for e in listed
-        }
+        merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None
             name = st.path.rpartition("/")[2]
-            merged[name] = (name, Kind.FILE, merged.get(name, (name, Kind.FILE, None, None))[2], st)
+            old = merged.get(name)
+            merged[name] = DirEntry(name, Kind.FILE, old.entry if old is not None else None, st)
         per_caller = self.guard is not None and self.guard.filters(path)
         if self.guard is not None:
             caller = current_caller()
             merged = {n: v for n, v in merged.items() if self.guard.visible(caller, path, n)}
         fh = self._fh()
-        entries = sorted(merged.values(), key=lambda t: t[0])
+        entries = sorted(merged.values(), key=lambda d: d.name)
         self.dirs[fh] = DirHandle(fh, node, entries, t0, per_caller)
         return fh
 
@@ -76,7 +74,8 @@ class NameOps(FileOps):
             raise err(errno.EBADF, "bad directory handle")
         base = self._path(dh.node)
         for i in range(start, len(dh.entries)):
-            name, kind, entry, st = dh.entries[i]
+            de = dh.entries[i]
+            name, kind, entry, st = de.name, de.kind, de.entry, de.staged
             path = join(base, name)
             if st is not None and st.path == path:
                 node = self.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
