@@ -64,9 +64,15 @@ class Controlled(Protocol):
 
     async def unmount(self, progress: Progress) -> dict[str, Any]: ...
 
-    # governed volumes (optional: a target without them has no catalog)
-    # async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any
-    # async def govern(self, caller: Peer, op: str, path: str) -> None  (raises OSError)
+    async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any:
+        """Run a catalog command as ``caller`` (raises ``OSError`` with the refusal's errno
+        and reason; ``EOPNOTSUPP`` where the target has no catalog)."""
+        ...
+
+    async def govern(self, caller: Peer, op: str, path: str) -> None:
+        """Raise ``OSError`` unless the catalog's grants allow ``op`` on ``path`` for
+        ``caller`` (returns at once where nothing is governed)."""
+        ...
 
 
 #: seconds between two log lines about one uid's bad requests (the rest are counted)
@@ -294,14 +300,12 @@ class ControlServer:
         schema and volume, so a path in a volume the caller may not read is refused alike
         whether it exists or not (the mode-bit walk, which finds out, comes after)."""
         path = normalize(raw)
-        govern = getattr(self.target, "govern", None)
-        if govern is not None:
-            try:
-                await govern(caller, op, path)
-            except OSError as exc:
-                if exc.errno == errno.ENOENT:
-                    raise FileNotFoundError(exc.errno, exc.strerror) from None
-                raise Denied(exc.errno or errno.EACCES, exc.strerror or str(exc)) from None
+        try:
+            await self.target.govern(caller, op, path)
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                raise FileNotFoundError(exc.errno, exc.strerror) from None
+            raise Denied(exc.errno or errno.EACCES, exc.strerror or str(exc)) from None
         if caller.uid != 0:
             lookup: Lookup = self.target.lookup
             await check_path(caller, path, want, self.target.owner, lookup)
@@ -341,11 +345,8 @@ class ControlServer:
             return await t.unmount(progress)
 
         async def catalog() -> Any:
-            run = getattr(t, "catalog", None)
-            if run is None:
-                raise OSError(errno.EOPNOTSUPP, "this mount has no catalog support")
             args = req.get("args", {})
-            return await run(caller, str(req["command"]), args)
+            return await t.catalog(caller, str(req["command"]), args)
 
         handlers: dict[str, Callable[[], Awaitable[Any]]] = {
             "catalog": catalog,

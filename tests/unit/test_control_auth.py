@@ -288,6 +288,12 @@ class FakeDaemon:
         self.calls.append(("unmount", None))
         return {"drained": True}
 
+    async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any:
+        raise OSError(errno.EOPNOTSUPP, "this mount has no catalog support")
+
+    async def govern(self, caller: Peer, op: str, path: str) -> None:
+        return None  # nothing governed
+
 
 def dispatch(server: ControlServer, caller: Peer, req: dict[str, Any]) -> Any:
     async def go() -> Any:
