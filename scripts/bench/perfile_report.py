@@ -21,6 +21,8 @@ class Row:
 
     key: str
     table: str
+    #: short label (chart axis)
+    label: str
     scenario: str
     unit: str
     samples: dict[str, list[float]]
@@ -135,15 +137,14 @@ def chart(rows: list[Row], path: Path, title: str) -> None:
             t = r.target if r.higher else 1 / r.target
             ax.plot([t, t], [j - 0.45, j + 0.45], color="black", lw=1.5, ls="--")
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([r.scenario if len(r.scenario) < 60 else r.scenario[:57] + "..."
-                        for r in rows], fontsize=8)  # fmt: skip
+    ax.set_yticklabels([r.label for r in rows], fontsize=8)
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.axvline(1.0, color="#2ca02c", lw=0.8)
     ax.set_xlabel("ratio to local disk (time rows: local time / time, so longer is better);"
                   " dashed: kernel target", fontsize=8)  # fmt: skip
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=10, pad=24)
+    ax.legend(fontsize=8, ncol=4, loc="lower center", bbox_to_anchor=(0.5, 1.0), frameon=False)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
