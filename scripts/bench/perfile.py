@@ -118,11 +118,17 @@ class Ctx:
         self.stack.close()
 
 
-def interleave(c: Ctx, systems: list[System], measure: Callable[[System, int], float],
-               restart: bool = True) -> dict[str, list[float]]:  # fmt: skip
-    """``reps`` rounds; in each, every system in turn (restarted first with ``restart``)."""
+def interleave(
+    c: Ctx,
+    systems: list[System],
+    measure: Callable[[System, int], float],
+    restart: bool = True,
+    reps: int | None = None,
+) -> dict[str, list[float]]:
+    """``reps`` (default ``--reps``) rounds; in each, every system in turn (restarted first
+    with ``restart``)."""
     out: dict[str, list[float]] = {s.name: [] for s in systems}
-    for rep in range(c.a.reps):
+    for rep in range(c.a.reps if reps is None else reps):
         for s in systems:
             if restart:
                 s.restart()
@@ -426,9 +432,9 @@ def tree_rows(c: Ctx) -> None:
     a = c.a
     with running(systems):
         every = [*systems, Local(origin)]
-        rd = interleave(c, every, readdir)
-        ls = interleave(c, every, ls_l)
-        fd = interleave(c, every, find)
+        rd = interleave(c, every, readdir, reps=a.tree_reps)
+        ls = interleave(c, every, ls_l, reps=a.tree_reps)
+        fd = interleave(c, every, find, reps=a.tree_reps)
     note = "after a remount, page cache dropped"
     c.add(
         "readdir",
@@ -493,6 +499,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--tree-dirs", type=int, default=10_000, help="directories of find's tree")
     ap.add_argument("--tree-files", type=int, default=100, help="files per directory there")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--tree-reps", type=int, default=None, help="rounds of the tree rows "
+                    "(default --reps; at 1M entries each round takes minutes)")  # fmt: skip
     ap.add_argument("--save-rounds", type=int, default=1, help="rounds of the 3 interleaved saves")
     ap.add_argument("--origins", default="posix,s3", help="origins of the two-origin rows")
     ap.add_argument("--no-juicefs", action="store_true")
@@ -509,6 +517,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 setattr(a, k, v)
     a.only = {x.strip() for x in a.only.split(",")}
     a.origins = [x.strip() for x in a.origins.split(",")]
+    if a.tree_reps is None:
+        a.tree_reps = a.reps
     return a
 
 
@@ -550,7 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.charts:
             png = Path(a.charts) / f"perfile-{g}.png"
             chart(rows, png, f"{title}: ratio to local disk ({a.label or 'unlabelled'})")
-            parts.append(f"![{title}]({png.name})")
+            rel = os.path.relpath(png, Path(a.out).parent) if a.out else str(png)
+            parts.append(f"![{title}]({rel})")
     parts += ["\n".join(f"- {n}" for n in c.notes), "Samples:", samples_text(c.rows)]
     text = "\n\n".join(p for p in parts if p) + "\n"
     print(text)
