@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -56,6 +55,10 @@ from perfile_sys import (
     s3_args,
     s3_upload,
 )
+from perfile_sys import (
+    interleave as interleave_sys,
+)
+from perfile_tree import tree_rows
 
 from airfs.testing.seaweed import SeaweedServer
 
@@ -119,21 +122,10 @@ class Ctx:
 
 
 def interleave(
-    c: Ctx,
-    systems: list[System],
-    measure: Callable[[System, int], float],
-    restart: bool = True,
-    reps: int | None = None,
+    c: Ctx, systems: list[System], measure: Callable[[System, int], float], restart: bool = True
 ) -> dict[str, list[float]]:
-    """``reps`` (default ``--reps``) rounds; in each, every system in turn (restarted first
-    with ``restart``)."""
-    out: dict[str, list[float]] = {s.name: [] for s in systems}
-    for rep in range(c.a.reps if reps is None else reps):
-        for s in systems:
-            if restart:
-                s.restart()
-            out[s.name].append(measure(s, rep))
-    return out
+    """``--reps`` rounds of :func:`perfile_sys.interleave`."""
+    return interleave_sys(systems, measure, c.a.reps, restart)
 
 
 def copy_in(srcs: list[Path], dst: Path) -> None:
@@ -386,77 +378,6 @@ def save_rows(c: Ctx, kind: str) -> None:
     )
 
 
-# -- tree --------------------------------------------------------------------------------------
-
-
-def make_tree(c: Ctx) -> Path:
-    a = c.a
-    root = c.work / f"o-tree-{a.flat}-{a.tree_dirs}x{a.tree_files}"
-    done = root / ".done"
-    if done.exists():
-        return root
-    log(f"  making {a.flat:,} entries and {a.tree_dirs:,} x {a.tree_files:,} (slow) ...")
-    flat = root / "flat"
-    flat.mkdir(parents=True, exist_ok=True)
-    for i in range(a.flat):
-        os.close(os.open(flat / f"e{i:07d}", os.O_CREAT | os.O_WRONLY, 0o644))
-    for j in range(a.tree_dirs):
-        d = root / "tree" / f"d{j // 100:03d}" / f"d{j:05d}"
-        d.mkdir(parents=True, exist_ok=True)
-        for i in range(a.tree_files):
-            os.close(os.open(d / f"f{i:04d}", os.O_CREAT | os.O_WRONLY, 0o644))
-    done.touch()
-    return root
-
-
-def tree_rows(c: Ctx) -> None:
-    log("tree: readdir, ls -l, find")
-    origin = make_tree(c)
-    systems: list[System] = airfs_pair(str(origin), c.work, "tree")
-
-    def readdir(s: System, _rep: int) -> float:
-        t0 = time.perf_counter()
-        n = sum(1 for _ in os.scandir(s.root / "flat"))
-        return n / (time.perf_counter() - t0)
-
-    def ls_l(s: System, _rep: int) -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(["ls", "-l", str(s.root / "flat")], stdout=subprocess.PIPE, check=True)
-        return (p.stdout.count(b"\n") - 1) / (time.perf_counter() - t0)
-
-    def find(s: System, _rep: int) -> float:
-        t0 = time.perf_counter()
-        p = subprocess.run(["find", str(s.root / "tree")], stdout=subprocess.PIPE, check=True)
-        return p.stdout.count(b"\n") / (time.perf_counter() - t0)
-
-    a = c.a
-    with running(systems):
-        every = [*systems, Local(origin)]
-        rd = interleave(c, every, readdir, reps=a.tree_reps)
-        ls = interleave(c, every, ls_l, reps=a.tree_reps)
-        fd = interleave(c, every, find, reps=a.tree_reps)
-    note = "after a remount, page cache dropped"
-    c.add(
-        "readdir",
-        "tree",
-        "readdir",
-        f"readdir of {a.flat:,} entries ({note})",
-        "entries/s",
-        rd,
-        None,
-    )
-    c.add("ls-l", "tree", "ls -l", f"ls -l of {a.flat:,} entries ({note})", "entries/s", ls, None)
-    c.add(
-        "find",
-        "tree",
-        "find",
-        f"find over {a.tree_dirs * a.tree_files:,} entries in {a.tree_dirs:,} directories ({note})",
-        "entries/s",
-        fd,
-        None,
-    )
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -501,6 +422,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--tree-reps", type=int, default=None, help="rounds of the tree rows "
                     "(default --reps; at 1M entries each round takes minutes)")  # fmt: skip
+    ap.add_argument("--op-timeout", type=float, default=300,
+                    help="deadline of one tree pass (ls -l, find), seconds: past it the pass "
+                    "is killed and its figure is an upper bound")  # fmt: skip
     ap.add_argument("--save-rounds", type=int, default=1, help="rounds of the 3 interleaved saves")
     ap.add_argument("--origins", default="posix,s3", help="origins of the two-origin rows")
     ap.add_argument("--no-juicefs", action="store_true")

@@ -30,6 +30,8 @@ class Row:
     higher: bool = True
     absolute: bool = False
     notes: tuple[str, ...] = field(default=())
+    #: columns whose figure is an upper bound (the pass was killed at its deadline)
+    upper: tuple[str, ...] = ()
 
     def value(self, col: str) -> float | None:
         s = self.samples.get(col)
@@ -77,6 +79,9 @@ def _yn(b: bool | None) -> str:
     return "—" if b is None else ("yes" if b else "**no**")
 
 
+RATIO_COLS = ("airfs-kernel", "airfs-pyfuse3", "JuiceFS")
+
+
 def table(rows: list[Row]) -> str:
     head = (
         "| row | unit | airfs kernel | airfs pyfuse3 | local disk | JuiceFS | kernel / local "
@@ -84,11 +89,16 @@ def table(rows: list[Row]) -> str:
     )
     out = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|"]
     for r in rows:
-        ratios = [r.ratio(c) for c in ("airfs-kernel", "airfs-pyfuse3", "JuiceFS")]
+        ratios = [r.ratio(c) for c in RATIO_COLS]
+
+        def lt(c: str, r: Row = r) -> str:
+            return "< " if c in r.upper else ""
+
         out.append(
             f"| {r.scenario} | {r.unit} | "
-            + " | ".join(_num(r.value(c), r.unit) for c in COLUMNS)
-            + " | " + " | ".join("—" if x is None else f"{x:.2f}x" for x in ratios)
+            + " | ".join(lt(c) + _num(r.value(c), r.unit) for c in COLUMNS)
+            + " | " + " | ".join("—" if x is None else f"{lt(c)}{x:.2f}x"
+                                  for c, x in zip(RATIO_COLS, ratios, strict=True))
             + f" | {r.target_text()} | {_yn(r.met())} | {_yn(r.ahead_of_juicefs())} |"
         )  # fmt: skip
     return "\n".join(out)

@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,18 @@ def running(systems: list[System]) -> Iterator[list[System]]:
                 s.stop()
             except Exception as exc:  # the others must still be stopped
                 log(f"  stopping {s.name} failed: {exc!r}")
+
+
+def interleave(systems: list[System], measure: Callable[[System, int], float], reps: int,
+               restart: bool = True) -> dict[str, list[float]]:  # fmt: skip
+    """``reps`` rounds; in each, every system in turn (restarted first with ``restart``)."""
+    out: dict[str, list[float]] = {s.name: [] for s in systems}
+    for rep in range(reps):
+        for s in systems:
+            if restart:
+                s.restart()
+            out[s.name].append(measure(s, rep))
+    return out
 
 
 def s3_store(srv: SeaweedServer) -> Any:
