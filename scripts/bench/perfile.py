@@ -6,7 +6,7 @@ row's systems interleaved per repetition and every ratio against the local disk 
 the same run. Root only (mounts, ``drop_caches``).
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench/perfile.py --out /tmp/p.md \\
-        --json /tmp/p.json --charts docs/img          # full: about an hour here
+        --json /tmp/p.json --charts docs/img          # full: ~80 min here
     ... scripts/bench/perfile.py --quick --out /tmp/q.md    # every row, small: minutes
 
 Rows (``--only`` takes their keys):
@@ -25,7 +25,8 @@ Rows (``--only`` takes their keys):
   three against the time of the three local saves made between them; POSIX and S3.
 - ``tree``: ``readdir`` of 100k entries, ``ls -l`` of them and ``find`` over 1M entries in
   10k directories (``--flat``, ``--tree-dirs`` x ``--tree-files``), after a remount with the
-  page cache dropped; airfs (POSIX origin) against local disk, entries/s.
+  page cache dropped; airfs (POSIX origin) against local disk, entries/s. Each pass has a
+  deadline (``--op-timeout``); one past it is killed and reported as an upper bound.
 """
 
 from __future__ import annotations
