@@ -153,6 +153,8 @@ def test_export_killed_midway_leaves_no_success_and_is_not_read(volume, tmp_path
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        if proc.stdout is not None:
+            proc.stdout.close()
     assert not (dest / "_SUCCESS").exists()
     with pytest.raises(TableError, match="_temporary/ and no _SUCCESS"):
         read_table(dest)

@@ -11,7 +11,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import time
 from types import FrameType
 from typing import Any
@@ -70,6 +69,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         origin = _origin(args)
     except CatalogError as exc:
         return _fail(str(exc))
+    import tempfile  # here: every airfs command builds this parser, and few serve
+
     stage = args.stage_dir or tempfile.mkdtemp(prefix="airfs-api-")
     try:
         return _serve(args, origin, stage, host, port)
