@@ -77,12 +77,17 @@ class RawS3:
                 else http.client.HTTPConnection
             )
             conn = self._local.conn = cls(self.netloc, timeout=self.timeout)
-            alive = {t.ident for t in threading.enumerate()}
+            me = threading.current_thread().ident  # (a thread not made by threading is listed)
             with self._conns_lock:
+                # under the lock: a thread whose connection is registered had started before
+                # this list is made (it registers under the same lock), so a live thread's
+                # connection is never taken for a dead one's
+                alive = {t.ident for t in threading.enumerate()}
                 for ident in [i for i in self._conns if i not in alive]:
                     self._conns.pop(ident).close()
-                old = self._conns.get(threading.get_ident())
-                self._conns[threading.get_ident()] = conn
+                assert me is not None
+                old = self._conns.get(me)
+                self._conns[me] = conn
             if old is not None and old is not conn:
                 old.close()
         return conn
