@@ -1,6 +1,6 @@
 """The core's state and the helpers every operation shares (see :mod:`airfs.core.fs`).
 
-:class:`CoreBase` holds the origin, read path, staging area, inode table and listings, resolves
+:class:`Core` holds the origin, read path, staging area, inode table and listings, resolves
 names and attributes, revalidates entries against the origin and takes the uploader's
 ``committed`` hook. The operations are layered on it by role: :mod:`airfs.core.files` (open,
 read, write, close), :mod:`airfs.core.names` (directories and names), :mod:`airfs.core.fs`
@@ -73,10 +73,10 @@ def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
 
     @functools.wraps(fn)
     async def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        self: CoreBase = args[0]  # type: ignore[assignment]
-        self.ops[name] += 1
+        core: Core = args[0].core  # type: ignore[attr-defined]
+        core.ops[name] += 1
         t0 = perf_counter()
-        disk = self.area.disk
+        disk = core.area.disk
         mark = disk.mark
         try:
             out = await fn(*args, **kwargs)
@@ -89,15 +89,16 @@ def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
                     await disk.settle(since=mark)
             raise
         finally:
-            self.latency.observe(name, perf_counter() - t0)
+            core.latency.observe(name, perf_counter() - t0)
 
     return wrapper
 
 
-
-
-class CoreBase:
-    """The core's state and shared helpers. Every method runs on the trio loop; blocking
+class Core:
+    """The core's state and the helpers its parts share (:class:`~airfs.core.files.Files`,
+    :class:`~airfs.core.names.Names` and :class:`~airfs.core.fs.Filesystem` hold it as
+    ``core``; :func:`counted` operations are methods of those parts). Every method runs on
+    the trio loop; blocking
     origin calls go to threads."""
 
     def __init__(
@@ -118,7 +119,7 @@ class CoreBase:
         self.guard = guard
         #: directories whose entries changed here (a staged create or unlink) at this time
         #: (ns): reported as their mtime/ctime until the origin reports a later one
-        self._dir_times: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self.dir_times: collections.OrderedDict[str, int] = collections.OrderedDict()
         self.readpath = readpath
         self.area = area
         self.ttl = ttl
@@ -132,30 +133,30 @@ class CoreBase:
         #: durations of the core operations (see :func:`counted`)
         self.latency = Latencies()
         self.listings = ListingCache(ttl)
-        self._relisting: dict[str, trio.Event] = {}
+        self.relisting: dict[str, trio.Event] = {}
         caps = origin.capabilities
-        self._pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
-        self._unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
-        self._mtimes = caps.mtimes
+        self.pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
+        self.unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
+        self.mtimes = caps.mtimes
         #: the one owner of which staged version each open handle uses
         self.opens = Opens(area)
         self.passthrough = Passthrough(area, self.opens, readpath, self.inodes)
 
     # -- helpers ---------------------------------------------------------------------------
 
-    def _fh(self) -> int:
+    def new_fh(self) -> int:
         fh = self._next_fh
         self._next_fh += 1
         return fh
 
-    def _path(self, node: Node) -> str:
+    def path_of(self, node: Node) -> str:
         if node.path is None:
             # ESTALE, not ENOENT: a path-based call (open, stat) that raced a rename-over
             # or an unlink is retried by the kernel with a fresh lookup
             raise err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
         return node.path
 
-    def _child(self, parent_ino: int, name: str) -> str:
+    def child(self, parent_ino: int, name: str) -> str:
         parent = self.inodes.get(parent_ino)
         if parent.kind is not Kind.DIR:
             raise err(errno.ENOTDIR, "not a directory")
@@ -163,16 +164,16 @@ class CoreBase:
             raise err(errno.ENAMETOOLONG, "name too long")
         if name in ("", ".", "..") or "/" in name:
             raise err(errno.EINVAL, f"invalid name {name!r}")
-        return join(self._path(parent), name)
+        return join(self.path_of(parent), name)
 
-    def _new_child(self, parent_ino: int, name: str) -> str:
+    def new_child(self, parent_ino: int, name: str) -> str:
         """``_child`` for a name about to be created: also refused when the origin could not
         store it (EINVAL / ENAMETOOLONG, before anything is written)."""
-        path = self._child(parent_ino, name)
+        path = self.child(parent_ino, name)
         self.origin.sync.check_name(path)
         return path
 
-    def _staged_attr(self, node: Node, st: Staged) -> Attr:
+    def staged_attr(self, node: Node, st: Staged) -> Attr:
         self.passthrough.sync(st)
         owner = Owner(
             self.owner.uid if st.uid is None else st.uid,
@@ -190,32 +191,32 @@ class CoreBase:
             blocks=allocated_blocks(st.fd),
         )
 
-    def _entry_attr(self, node: Node, entry: Entry) -> Attr:
+    def entry_attr(self, node: Node, entry: Entry) -> Attr:
         """Attributes of an origin entry; a directory whose entries changed here reports
         that change's time until the origin reports a later one."""
         if entry.kind is Kind.DIR and node.path is not None:
-            t = self._dir_times.get(node.path)
+            t = self.dir_times.get(node.path)
             if t is not None:
                 if t > entry.mtime_ns:
                     ctime = max(t, entry.ctime_ns or 0)
                     entry = dataclasses.replace(entry, mtime_ns=t, ctime_ns=ctime)
                 else:
-                    del self._dir_times[node.path]
-            if self._level(node.path):
+                    del self.dir_times[node.path]
+            if self.level(node.path):
                 # the origin counts every subdirectory, hidden ones too: 1 ("not counted",
                 # as on filesystems that keep no count) shows nothing
                 return dataclasses.replace(attr_of_entry(node.ino, entry, self.owner), nlink=1)
         return attr_of_entry(node.ino, entry, self.owner)
 
-    def _dir_changed(self, path: str, subdirs: int = 0) -> None:
+    def dir_changed(self, path: str, subdirs: int = 0) -> None:
         """The entry ``path`` was created, removed or renamed in its directory; ``subdirs``:
         the directory gained (+1) or lost (-1) a subdirectory, so its link count moved (where
         the origin counts links)."""
         parent = split(path)[0]
-        self._dir_times[parent] = time.time_ns()
-        self._dir_times.move_to_end(parent)
-        if len(self._dir_times) > DIR_TIMES_MAX:  # bounded: the oldest fall back to the origin's
-            self._dir_times.popitem(last=False)
+        self.dir_times[parent] = time.time_ns()
+        self.dir_times.move_to_end(parent)
+        if len(self.dir_times) > DIR_TIMES_MAX:  # bounded: the oldest fall back to the origin's
+            self.dir_times.popitem(last=False)
         if subdirs and self.origin.capabilities.hard_links:
             node = self.inodes.at(parent)
             if node is not None and node.entry is not None and node.entry.nlink >= 2:
@@ -224,15 +225,15 @@ class CoreBase:
                 )
                 self.listings.record(parent, node.entry)
 
-    def _attr(self, node: Node) -> Attr:
+    def attr(self, node: Node) -> Attr:
         st = self.area.get(node.path) if node.path is not None else self.opens.of_file(node.ino)
         if st is not None:
-            return self._staged_attr(node, st)
+            return self.staged_attr(node, st)
         if node.entry is None:
             raise err(errno.ENOENT, "no such file")
-        return self._entry_attr(node, node.entry)
+        return self.entry_attr(node, node.entry)
 
-    def _fresh(self, node: Node) -> bool:
+    def fresh(self, node: Node) -> bool:
         """Whether ``node.entry`` may be used without asking the origin. A file with several
         names is always asked (a change through another name moves its link count)."""
         e = node.entry
@@ -252,16 +253,16 @@ class CoreBase:
         if self.guard is None or not self.guard.governs():
             return False
         try:
-            path = self._path(self.inodes.get(ino))
+            path = self.path_of(self.inodes.get(ino))
         except OSError:
             return False
-        return self._level(join(path, name) if name is not None else path)
+        return self.level(join(path, name) if name is not None else path)
 
-    def _level(self, path: str) -> bool:
+    def level(self, path: str) -> bool:
         """``path`` is the root, a catalog, a schema or a volume root of a governed mount."""
         return self.guard is not None and self.guard.governs() and path.count("/") < 3
 
-    def _one_storage(self, src: str, dst: str, op: str) -> None:
+    def one_storage(self, src: str, dst: str, op: str) -> None:
         """EXDEV unless ``src`` and ``dst`` live in one storage (a governed volume is its own
         storage: tools then copy, and the copy's read is checked)."""
         if self.guard is None:
@@ -270,26 +271,26 @@ class CoreBase:
         if a != b:
             raise err(errno.EXDEV, f"{op} /{src} -> /{dst}: volumes {a} and {b} are two storages")
 
-    async def _check(self, op: str, path: str) -> None:
+    async def check(self, op: str, path: str) -> None:
         """Ask the guard (governed volumes) whether the caller may do ``op`` on ``path``."""
         if self.guard is not None:
             await self.guard.check(current_caller(), op, path)
 
-    def _new_owner(self, parent_ino: int) -> tuple[int, int, bool]:
+    def new_owner(self, parent_ino: int) -> tuple[int, int, bool]:
         """(uid, gid, setgid) of an object the caller creates in ``parent_ino``: the caller's
         uid, and its gid unless the directory is setgid (then the directory's group, and new
         directories inherit the setgid bit)."""
         caller = current_caller()
         parent = self.inodes.get(parent_ino)
         try:
-            pattr = self._attr(parent)
+            pattr = self.attr(parent)
         except OSError:
             return caller.uid, caller.gid, False
         if pattr.mode & stat.S_ISGID:
             return caller.uid, pattr.gid, True
         return caller.uid, caller.gid, False
 
-    async def _stat(self, path: str, *, fast: bool = False) -> Entry | None:
+    async def stat(self, path: str, *, fast: bool = False) -> Entry | None:
         try:
             return await self.origin.stat(path, fast=fast)
         except NotFound:
@@ -303,7 +304,7 @@ class CoreBase:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
             if listing is None and self.listings.worth_relisting(parent):
-                listing = await self._relist(parent)
+                listing = await self.relist(parent)
             if listing is not None:
                 entry = listing.entries.get(name)
                 if entry is None:
@@ -312,15 +313,15 @@ class CoreBase:
                     self.listings.hits += 1
                 return entry, listing.at
         t0 = time.monotonic()
-        return await self._stat(path, fast=True), t0
+        return await self.stat(path, fast=True), t0
 
-    async def _relist(self, dir_path: str) -> Listing | None:
+    async def relist(self, dir_path: str) -> Listing | None:
         """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
-        busy = self._relisting.get(dir_path)
+        busy = self.relisting.get(dir_path)
         if busy is not None:
             await busy.wait()
             return self.listings.fresh(dir_path)
-        done = self._relisting[dir_path] = trio.Event()
+        done = self.relisting[dir_path] = trio.Event()
         try:
             t0 = time.monotonic()
             try:
@@ -332,20 +333,20 @@ class CoreBase:
             listing = self.listings.put(dir_path, entries, t0)
             return listing if self.listings.fresh(dir_path) is listing else None
         finally:
-            del self._relisting[dir_path]
+            del self.relisting[dir_path]
             done.set()
 
-    async def _refresh(self, node: Node) -> Entry | None:
+    async def refresh(self, node: Node) -> Entry | None:
         """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
-        if self._fresh(node):
+        if self.fresh(node):
             return node.entry
-        path = self._path(node)
+        path = self.path_of(node)
         try:
             if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
                 # several names: a listing's entry for this one is stale after a change
                 # through another (a link count, a chmod)
                 t0 = time.monotonic()
-                entry = await self._stat(path, fast=True)
+                entry = await self.stat(path, fast=True)
             else:
                 entry, t0 = await self.origin_entry(path)
         except OriginError as exc:
@@ -373,7 +374,7 @@ class CoreBase:
         attributes never change by themselves at its commit."""
         caps = self.origin.capabilities
         mode = st.mode & 0o7777 if caps.modes and st.mode & 0o7777 != entry.mode else None
-        mtime = st.mtime_ns if self._mtimes and st.mtime_ns != entry.mtime_ns else None
+        mtime = st.mtime_ns if self.mtimes and st.mtime_ns != entry.mtime_ns else None
         uid = st.uid if caps.owners and st.uid is not None and st.uid != entry.uid else None
         gid = st.gid if caps.owners and st.gid is not None and st.gid != entry.gid else None
         if not st.dirty and any(v is not None for v in (mode, mtime, uid, gid)):
@@ -387,7 +388,7 @@ class CoreBase:
                     # our own change: the next commit replaces it (journaled: after a crash
                     # it is still ours, not a conflict)
                     self.area.rebase(st.ps, entry.version)
-        if not self._mtimes:
+        if not self.mtimes:
             entry = dataclasses.replace(entry, mtime_ns=st.mtime_ns)
         self.listings.record(path, entry)
         node = self.inodes.at(path)
@@ -407,23 +408,23 @@ class CoreBase:
 
     # -- waiting for commits ---------------------------------------------------------------
 
-    async def _settle(self, path: str) -> None:
+    async def settle(self, path: str) -> None:
         """Wait for in-flight commits at or under ``path`` to land, so a name operation
         never races an upload to the old name; then put the journal updates of the commits
         that landed on disk (else, after a crash, the record of a commit that landed at the
         old name would be replayed there once the name operation has moved or removed it)."""
         while True:
-            while busy := self._uploading(path):
-                await self._wait_upload(busy[0])
+            while busy := self.uploading(path):
+                await self.wait_upload(busy[0])
             with contextlib.suppress(OSError):  # journal full: the operation's settle says so
                 await self.area.settle()
-            if not self._uploading(path):  # none started while we settled: no await after
+            if not self.uploading(path):  # none started while we settled: no await after
                 return
 
-    def _uploading(self, path: str) -> list[Staged]:
+    def uploading(self, path: str) -> list[Staged]:
         return [v for st in self.area.under(path) for v in self.area.versions(st) if v.uploading]
 
-    async def _wait_upload(self, st: Staged) -> None:
+    async def wait_upload(self, st: Staged) -> None:
         while st.uploading:
             await st.upload_done.wait()
 

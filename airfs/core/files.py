@@ -17,7 +17,7 @@ from airfs.origin.base import (
 from airfs.writeback.staging import Staged
 
 from .attrs import Attr
-from .base import CoreBase, counted
+from .base import Core, counted
 from .context import current_caller
 from .handles import Handle, err
 from .inodes import Node
@@ -29,21 +29,27 @@ log = logging.getLogger(__name__)
 COPY_CHUNK = 8 << 20
 
 
-class FileOps(CoreBase):
-    """Open files: staged (written) content and origin readers."""
+class Files:
+    """Open files: staged (written) content and origin readers. Holds no state of its own:
+    the handles, inodes and staging area are the :class:`~airfs.core.base.Core`'s."""
 
-    async def _stage(self, node: Node, *, truncate: bool) -> Staged:
+    def __init__(self, core: Core) -> None:
+        self.core = core
+
+    async def stage(self, node: Node, *, truncate: bool) -> Staged:
         """The live staged file of ``node``, created (with the origin's content copied in
         unless ``truncate``) if there is none. Open it with ``opens.open`` to use it.
         Caller holds ``node.lock``."""
-        path = self._path(node)
-        st = self.area.get(path)
+        path = self.core.path_of(node)
+        st = self.core.area.get(path)
         if st is not None:
             return st
-        entry = await self._refresh(node) if node.entry is not None else await self._stat(path)
+        entry = (
+            await self.core.refresh(node) if node.entry is not None else await self.core.stat(path)
+        )
         if entry is not None and entry.kind is not Kind.FILE:
             raise err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
-        st = await self.area.create(
+        st = await self.core.area.create(
             path,
             base_version=entry.version if entry is not None else None,
             mode=entry.mode if entry is not None else 0o644,
@@ -56,31 +62,31 @@ class FileOps(CoreBase):
             st.uid, st.gid = caller.uid, caller.gid
         if entry is not None and not truncate and entry.size:
             try:
-                await self.area.io.reserve(st, entry.size, self.write_wait_s)
+                await self.core.area.io.reserve(st, entry.size, self.core.write_wait_s)
                 await self._copy_up(st, ObjectRef(path, entry.version, entry.size))
             except BaseException:
-                self.area.discard(st)
+                self.core.area.discard(st)
                 raise
             st.mtime_ns = entry.mtime_ns
         if entry is not None and (not truncate or entry.size == 0):
             st.committed_gen = st.gen  # same bytes as the origin: nothing to commit yet
         return st
 
-    async def _writable(self, h: Handle) -> Staged:
+    async def writable(self, h: Handle) -> Staged:
         """The staged version a write through ``h`` goes to (a closed one is never written
         again: :meth:`~airfs.writeback.opens.Opens.writable`)."""
         assert h.opened is not None
-        return await self.opens.writable(h.opened, in_place=self.passthrough.in_place)
+        return await self.core.opens.writable(h.opened, in_place=self.core.passthrough.in_place)
 
     async def _copy_up(self, st: Staged, obj: ObjectRef) -> None:
-        reader = self.readpath.open(obj)
+        reader = self.core.readpath.open(obj)
         try:
             off = 0
             while off < obj.size:
                 data = await reader.read(off, min(COPY_CHUNK, obj.size - off))
                 if not data:
                     raise err(errno.EIO, f"{obj.path}: origin returned less than its size")
-                await self.area.io.write(st, off, data)
+                await self.core.area.io.write(st, off, data)
                 off += len(data)
         finally:
             reader.close()
@@ -88,7 +94,7 @@ class FileOps(CoreBase):
     @counted
     async def open(self, ino: int, flags: int) -> tuple[int, bool]:
         """Open a file; returns (fh, keep_cache)."""
-        node = self.inodes.get(ino)
+        node = self.core.inodes.get(ino)
         if node.kind is Kind.DIR:
             raise err(errno.EISDIR, "is a directory")
         if node.path is None:
@@ -98,57 +104,70 @@ class FileOps(CoreBase):
         acc = flags & os.O_ACCMODE
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         trunc = bool(flags & os.O_TRUNC) and writable
-        await self._check("open_write" if writable else "open_read", node.path)
+        await self.core.check("open_write" if writable else "open_read", node.path)
         async with node.lock:
             if node.path is None:  # renamed over while we waited for the lock (see rename)
                 raise err(errno.ESTALE, f"inode {ino} was replaced")
             live = (
-                await self._stage(node, truncate=trunc)
+                await self.stage(node, truncate=trunc)
                 if writable
-                else self.area.get(self._path(node))
+                else self.core.area.get(self.core.path_of(node))
             )
             if live is not None:
-                tok = await self.opens.open(live, node.ino, writable=writable, truncate=trunc)
-                st = self.opens.version(tok)
+                tok = await self.core.opens.open(live, node.ino, writable=writable, truncate=trunc)
+                st = self.core.opens.version(tok)
                 if trunc:
                     st.touch()  # O_TRUNC of an existing file is a change (mtime, ctime)
                 key = f"staged:{st.id}"
                 keep = node.cached_version == key and not trunc
                 node.cached_version = key
-                handle = Handle(self._fh(), node, writable, tok)
+                handle = Handle(self.core.new_fh(), node, writable, tok)
             else:
                 handle = await self._open_origin(node)
                 keep = node.cached_version == handle.version
                 node.cached_version = handle.version
         node.opens += 1
-        self.handles[handle.fh] = handle
+        self.core.handles[handle.fh] = handle
         return handle.fh, keep
 
     async def _open_origin(self, node: Node) -> Handle:
-        path = self._path(node)
+        path = self.core.path_of(node)
         for _attempt in range(3):
-            entry = await self._refresh(node)
+            entry = await self.core.refresh(node)
             if entry is None:
                 raise err(errno.ENOENT, f"{path}: no such file")
-            if self._pin is None:
+            if self.core.pin is None:
                 obj = ObjectRef(path, entry.version, entry.size)
-                return Handle(self._fh(), node, False, None, self.readpath.open(obj), entry.version)
+                return Handle(
+                    self.core.new_fh(),
+                    node,
+                    False,
+                    None,
+                    self.core.readpath.open(obj),
+                    entry.version,
+                )
             try:
-                await self.origin.call(
-                    self._pin, path, entry.version, what=f"open {path}", op="pin"
+                await self.core.origin.call(
+                    self.core.pin, path, entry.version, what=f"open {path}", op="pin"
                 )
             except Conflict:
                 # changed within the TTL (or the listing we answered from is older than a
                 # change): ask the origin itself, not a listing
-                fresh = await self._stat(path)
+                fresh = await self.core.stat(path)
                 if fresh is None:
                     raise err(errno.ENOENT, f"{path}: no such file") from None
                 node.entry, node.fetched = fresh, time.monotonic()
-                self.listings.record(path, fresh)
+                self.core.listings.record(path, fresh)
                 continue
             obj = ObjectRef(path, entry.version, entry.size)
             return Handle(
-                self._fh(), node, False, None, self.readpath.open(obj), entry.version, path
+                self.core.new_fh(),
+                node,
+                False,
+                None,
+                self.core.readpath.open(obj),
+                entry.version,
+                path,
             )
         raise err(errno.EIO, f"{path}: keeps changing at the origin")
 
@@ -156,33 +175,33 @@ class FileOps(CoreBase):
     async def create(self, parent_ino: int, name: str, mode: int, flags: int) -> tuple[int, Attr]:
         """Create and open a new file (staged only until its first commit). A file created
         with ``O_RDONLY`` (lock files) is committed like any other once closed."""
-        path = self._new_child(parent_ino, name)
-        await self._check("create", path)
-        existing = self.area.get(path)
+        path = self.core.new_child(parent_ino, name)
+        await self.core.check("create", path)
+        existing = self.core.area.get(path)
         if existing is not None and flags & os.O_EXCL:
             raise err(errno.EEXIST, f"{path}: exists")
         writable = flags & os.O_ACCMODE != os.O_RDONLY
-        uid, gid, _ = self._new_owner(parent_ino)
+        uid, gid, _ = self.core.new_owner(parent_ino)
         mode = stat.S_IMODE(mode)
         caller = current_caller()
         if mode & stat.S_ISGID and not caller.is_root and not caller.in_group(gid):
             mode &= ~stat.S_ISGID  # as the kernel does for a group the creator is not in
-        node = self.inodes.bind(path, Kind.FILE, None)
+        node = self.core.inodes.bind(path, Kind.FILE, None)
         async with node.lock:
             base = existing.base_version if existing is not None else None
-            st = await self.area.create(path, base_version=base, mode=mode)
+            st = await self.core.area.create(path, base_version=base, mode=mode)
             st.uid, st.gid = uid, gid
-            if flags & os.O_EXCL and self.origin.capabilities.conditional_put:
+            if flags & os.O_EXCL and self.core.origin.capabilities.conditional_put:
                 node.entry, node.fetched = await self._claim(st, path), time.monotonic()
-            self._dir_changed(path)
-            tok = await self.opens.open(st, node.ino, writable=writable)
-            st = self.opens.version(tok)
-        handle = Handle(self._fh(), node, writable, tok)
+            self.core.dir_changed(path)
+            tok = await self.core.opens.open(st, node.ino, writable=writable)
+            st = self.core.opens.version(tok)
+        handle = Handle(self.core.new_fh(), node, writable, tok)
         node.cached_version = f"staged:{st.id}"
         node.lookups += 1
         node.opens += 1
-        self.handles[handle.fh] = handle
-        return handle.fh, self._staged_attr(node, st)
+        self.core.handles[handle.fh] = handle
+        return handle.fh, self.core.staged_attr(node, st)
 
     async def _claim(self, st: Staged, path: str) -> Entry:
         """``O_EXCL`` across nodes: the name is taken at the origin now, empty and
@@ -190,7 +209,7 @@ class FileOps(CoreBase):
         both believe they created it (lock files, ``mkstemp``, object_store's temporary
         files). The file's content commits over this empty version like any rewrite."""
         try:
-            entry = await self.origin.put(
+            entry = await self.core.origin.put(
                 path,
                 st.file,
                 "",
@@ -201,19 +220,19 @@ class FileOps(CoreBase):
                 fast=True,  # while the origin is down: EIO at once, not after the retries
             )
         except Conflict:
-            self.area.discard(st)
+            self.core.area.discard(st)
             raise err(errno.EEXIST, f"{path}: exists") from None
         except BaseException:
-            self.area.discard(st)
+            self.core.area.discard(st)
             raise
         assert st.ps is not None
-        self.area.rebase(st.ps, entry.version)
+        self.core.area.rebase(st.ps, entry.version)
         st.committed_gen = st.gen  # what is at the origin: nothing to commit until written
-        self.listings.record(path, entry)
+        self.core.listings.record(path, entry)
         return entry
 
     def _handle(self, fh: int) -> Handle:
-        h = self.handles.get(fh)
+        h = self.core.handles.get(fh)
         if h is None:
             raise err(errno.EBADF, "bad file handle")
         return h
@@ -223,11 +242,11 @@ class FileOps(CoreBase):
         h = self._handle(fh)
         # the live staged content at the file's path (rewrites by other processes are seen
         # at once), else the version this handle opened (an unlinked or replaced file)
-        st = self.area.get(h.node.path) if h.node.path is not None else None
+        st = self.core.area.get(h.node.path) if h.node.path is not None else None
         if st is None:
-            st = self.opens.staged(h.opened)
+            st = self.core.opens.staged(h.opened)
         if st is not None:
-            return await self.area.io.read(st, offset, size)
+            return await self.core.area.io.read(st, offset, size)
         if h.reader is None:
             raise err(errno.EIO, "no reader")
         return await h.reader.read(offset, size)
@@ -237,15 +256,15 @@ class FileOps(CoreBase):
         h = self._handle(fh)
         if not h.writable or h.opened is None:
             raise err(errno.EBADF, "file not open for writing")
-        st = await self._writable(h)
+        st = await self.writable(h)
         # a write allocates at most its own length (one far past the end leaves a hole)
         end = min(offset + len(data), st.size + len(data))
-        await self.area.io.reserve(st, end, self.write_wait_s)
+        await self.core.area.io.reserve(st, end, self.core.write_wait_s)
         if st.closed_version or st.uploading:
             # journaled (an fsync, a close of another descriptor) while we waited for space:
             # its bytes stay as journaled, the write goes to a new version
-            st = await self._writable(h)
-        return await self.area.io.write(st, offset, data)
+            st = await self.writable(h)
+        return await self.core.area.io.write(st, offset, data)
 
     @counted
     async def flush(self, fh: int) -> None:
@@ -253,27 +272,27 @@ class FileOps(CoreBase):
         content is journaled (it survives a daemon crash from here on)."""
         h = self._handle(fh)
         if h.opened is not None:
-            self.passthrough.sync(self.opens.version(h.opened))
-            await self.opens.flush(h.opened)
+            self.core.passthrough.sync(self.core.opens.version(h.opened))
+            await self.core.opens.flush(h.opened)
 
     @counted
     async def release(self, fh: int) -> None:
-        h = self.handles.pop(fh, None)
+        h = self.core.handles.pop(fh, None)
         if h is None:
             return
-        self.passthrough.release(h)
+        self.core.passthrough.release(h)
         try:
             if h.opened is not None:
-                await self.opens.close(h.opened)
+                await self.core.opens.close(h.opened)
         finally:
             if h.reader is not None:
                 h.reader.close()
-            if h.pinned is not None and self._unpin is not None:
-                self._unpin(h.pinned, h.version)
+            if h.pinned is not None and self.core.unpin is not None:
+                self.core.unpin(h.pinned, h.version)
             h.node.opens -= 1
             if h.node.opens < 0:
                 raise AssertionError(f"inode {h.node.ino}: open count went negative")
-            self.inodes.maybe_drop(h.node)
+            self.core.inodes.maybe_drop(h.node)
 
     async def passthrough_source(self, fh: int, *, rdwr: bool = False) -> tuple[int, str] | None:
         """For a transport with FUSE passthrough, right after ``open``/``create`` returned
@@ -281,17 +300,17 @@ class FileOps(CoreBase):
         reads and writes in the kernel, or None to serve it here. ESTALE (after which the
         caller releases ``fh``) when the inode's other opens pass through other bytes. See
         :mod:`airfs.core.passthrough`."""
-        return await self.passthrough.source(self._handle(fh), rdwr=rdwr)
+        return await self.core.passthrough.source(self._handle(fh), rdwr=rdwr)
 
     @counted
     async def fsync(self, fh: int) -> None:
         """Return once this file's content (and the closed versions before it) is committed
         at the origin; EIO naming the file if it cannot be, or lost a conflict."""
         h = self._handle(fh)
-        st = self.opens.staged(h.opened)
-        self.passthrough.sync(st)
+        st = self.core.opens.staged(h.opened)
+        self.core.passthrough.sync(st)
         if st is None or st.path is None:
             return
-        await self.area.io.quiesce(st)
-        self.area.close_version(st, barrier=True)  # later writes go to a new version
-        await self.commit_now(st)
+        await self.core.area.io.quiesce(st)
+        self.core.area.close_version(st, barrier=True)  # later writes go to a new version
+        await self.core.commit_now(st)

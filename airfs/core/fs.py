@@ -24,16 +24,21 @@ import stat
 import time
 from typing import Any
 
+from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import (
+    Entry,
     Kind,
     OriginError,
 )
+from airfs.writeback.staging import StagingArea
 
-from .attrs import Attr
-from .base import ADOPT_MAX, counted
-from .context import current_caller
+from .attrs import Attr, Owner
+from .base import ADOPT_MAX, Core, counted
+from .context import Guard, current_caller
+from .files import Files
 from .handles import DirHandle, Handle, err
-from .names import NameOps
+from .names import Names
+from .readpath import ReadPath
 from .stats import CoreStats
 
 log = logging.getLogger(__name__)
@@ -41,28 +46,77 @@ log = logging.getLogger(__name__)
 __all__ = ["ADOPT_MAX", "DirHandle", "Filesystem", "Handle", "counted"]
 
 
-class Filesystem(NameOps):
+class Filesystem:
     """The core the FUSE adapters drive. Every method runs on the trio loop; blocking origin
-    calls go to threads."""
+    calls go to threads.
+
+    It holds its parts as collaborators: ``core`` (the state every part shares: inodes,
+    handles, the staging area and its :class:`~airfs.writeback.opens.Opens`, listings,
+    passthrough, statistics), ``files`` (open files: :class:`~airfs.core.files.Files`) and
+    ``names`` (listings and changes of names: :class:`~airfs.core.names.Names`); lookups,
+    attributes and statistics are its own. The parts' operations are its operations, bound
+    once here (no extra call per request); the shared state is reachable under the same
+    names as the core's."""
+
+    def __init__(
+        self,
+        origin: AsyncOrigin,
+        readpath: ReadPath,
+        area: StagingArea,
+        root_entry: Entry,
+        *,
+        ttl: float = 1.0,
+        owner: Owner | None = None,
+        write_wait_s: float = 30.0,
+        allow_devices: bool = False,
+        guard: Guard | None = None,
+    ) -> None:
+        self.core = c = Core(
+            origin,
+            readpath,
+            area,
+            root_entry,
+            ttl=ttl,
+            owner=owner,
+            write_wait_s=write_wait_s,
+            allow_devices=allow_devices,
+            guard=guard,
+        )
+        self.files = f = Files(c)
+        self.names = n = Names(c, f)
+        # the shared state, by the names the adapters, the daemon and tests use
+        self.origin, self.readpath, self.area, self.guard = c.origin, c.readpath, c.area, c.guard
+        self.inodes, self.handles, self.dirs, self.opens = c.inodes, c.handles, c.dirs, c.opens
+        self.listings, self.passthrough, self.owner = c.listings, c.passthrough, c.owner
+        self.ops, self.latency, self.ttl = c.ops, c.latency, c.ttl
+        self.per_caller, self.origin_entry = c.per_caller, c.origin_entry
+        self.committed, self.commit_now = c.committed, c.commit_now
+        # the parts' operations
+        self.open, self.create, self.read, self.write = f.open, f.create, f.read, f.write
+        self.flush, self.release, self.fsync = f.flush, f.release, f.fsync
+        self.passthrough_source = f.passthrough_source
+        self.opendir, self.readdir, self.releasedir = n.opendir, n.readdir, n.releasedir
+        self.mkdir, self.rmdir, self.unlink, self.rename = n.mkdir, n.rmdir, n.unlink, n.rename
+        self.symlink, self.mknod, self.link = n.symlink, n.mknod, n.link
 
     # -- lookups and attributes ------------------------------------------------------------
 
     @counted
     async def lookup(self, parent_ino: int, name: str) -> Attr:
         """Resolve ``name`` in a directory; the kernel's lookup count goes up by one."""
-        path = self._child(parent_ino, name)
-        await self._check("lookup", path)
-        st = self.area.get(path)
+        path = self.core.child(parent_ino, name)
+        await self.core.check("lookup", path)
+        st = self.core.area.get(path)
         if st is not None:
-            bound = self.inodes.bind(path, Kind.FILE, None)
+            bound = self.core.inodes.bind(path, Kind.FILE, None)
             bound.lookups += 1
-            return self._staged_attr(bound, st)
-        node = self.inodes.at(path)
-        if node is None or not self._fresh(node):
+            return self.core.staged_attr(bound, st)
+        node = self.core.inodes.at(path)
+        if node is None or not self.core.fresh(node):
             try:
-                entry, t0 = await self.origin_entry(path)
+                entry, t0 = await self.core.origin_entry(path)
             except OriginError as exc:
-                known = node.entry if node is not None else self.inodes.last_known(path)
+                known = node.entry if node is not None else self.core.inodes.last_known(path)
                 if not exc.transient:
                     raise
                 if known is None:
@@ -72,44 +126,44 @@ class Filesystem(NameOps):
                     raise err(errno.ENOENT, f"{path}: not known (origin unreachable)") from None
                 log.warning("%s: origin unreachable, using the last known entry: %s", path, exc)
                 if node is None:
-                    node = self.inodes.bind(path, known.kind, known, at=0.0)  # stale: recheck
+                    node = self.core.inodes.bind(path, known.kind, known, at=0.0)  # stale: recheck
                 node.lookups += 1
-                return self._attr(node)
+                return self.core.attr(node)
             if entry is None:
-                if self.area.get(path) is not None:  # created while we asked
+                if self.core.area.get(path) is not None:  # created while we asked
                     return await self.lookup(parent_ino, name)
                 if node is not None and node.opens == 0:
-                    self.inodes.unlink_name(path)
+                    self.core.inodes.unlink_name(path)
                 raise err(errno.ENOENT, f"{path}: no such file or directory")
-            node = self.inodes.bind(path, entry.kind, entry, t0)
+            node = self.core.inodes.bind(path, entry.kind, entry, t0)
         node.lookups += 1
-        return self._attr(node)
+        return self.core.attr(node)
 
     def forget(self, items: list[tuple[int, int]]) -> None:
         for ino, count in items:
-            self.inodes.forget(ino, count)
+            self.core.inodes.forget(ino, count)
 
     @counted
     async def getattr(self, ino: int) -> Attr:
-        node = self.inodes.get(ino)
+        node = self.core.inodes.get(ino)
         if node.path is not None:
-            await self._check("getattr", node.path)
-        if node.path is not None and self.area.get(node.path) is not None:
-            return self._attr(node)
+            await self.core.check("getattr", node.path)
+        if node.path is not None and self.core.area.get(node.path) is not None:
+            return self.core.attr(node)
         if node.path is None:
             # unlinked (or replaced) while open: its handles keep working; no name is left
-            held = self.opens.of_file(node.ino)
+            held = self.core.opens.of_file(node.ino)
             if held is not None:
-                return dataclasses.replace(self._staged_attr(node, held), nlink=0)
+                return dataclasses.replace(self.core.staged_attr(node, held), nlink=0)
             if node.entry is None:
                 raise err(errno.ESTALE, "replaced or removed")
-            return dataclasses.replace(self._entry_attr(node, node.entry), nlink=0)
-        entry = await self._refresh(node)
+            return dataclasses.replace(self.core.entry_attr(node, node.entry), nlink=0)
+        entry = await self.core.refresh(node)
         if entry is None:
             if node.opens and node.entry is not None:
-                return self._entry_attr(node, node.entry)
+                return self.core.entry_attr(node, node.entry)
             raise err(errno.ENOENT, f"{node.path}: no such file or directory")
-        return self._entry_attr(node, entry)
+        return self.core.entry_attr(node, entry)
 
     @counted
     async def setattr(
@@ -129,10 +183,10 @@ class Filesystem(NameOps):
         at the origin (where the origin keeps it). Ownership rules: only root gives a file to
         another user (EPERM); the group rules (owner, one of its groups) are the kernel's
         (``default_permissions``), which also clears setuid/setgid through ``mode``."""
-        node = self.inodes.get(ino)
-        await self._check("write", self._path(node) if node.path is not None else "")
+        node = self.core.inodes.get(ino)
+        await self.core.check("write", self.core.path_of(node) if node.path is not None else "")
         if uid is not None or gid is not None:
-            cur_attr = self._attr(node) if node.path is not None else None
+            cur_attr = self.core.attr(node) if node.path is not None else None
             caller = current_caller()
             if uid is not None and not caller.is_root and (cur_attr is None or uid != cur_attr.uid):
                 raise err(errno.EPERM, "only root can change the owner of a file")
@@ -149,73 +203,83 @@ class Filesystem(NameOps):
                 raise err(errno.EISDIR, "is a directory")
             if size < 0:
                 raise err(errno.EINVAL, "negative size")
-            handle = self.handles.get(fh) if fh is not None else None
+            handle = self.core.handles.get(fh) if fh is not None else None
             async with node.lock:
                 temporary = None
                 if handle is not None and handle.writable and handle.opened is not None:
-                    st = await self._writable(handle)
+                    st = await self.files.writable(handle)
                 else:
-                    live = await self._stage(node, truncate=size == 0)
-                    temporary = await self.opens.open(live, None, writable=True, truncate=size == 0)
-                    st = self.opens.version(temporary)
-                    self.passthrough.in_place(st)
+                    live = await self.files.stage(node, truncate=size == 0)
+                    temporary = await self.core.opens.open(
+                        live, None, writable=True, truncate=size == 0
+                    )
+                    st = self.core.opens.version(temporary)
+                    self.core.passthrough.in_place(st)
                 try:
                     # no space is reserved: an extension is a hole (staging counts allocated
                     # bytes); a size the staging filesystem cannot hold is its EFBIG
                     if size != st.size or size != 0:
-                        await self.area.io.truncate(st, size)
+                        await self.core.area.io.truncate(st, size)
                 finally:
                     if temporary is not None:
-                        self.opens.close_now(temporary)
+                        self.core.opens.close_now(temporary)
         if any(v is not None for v in (mode, mtime_ns, uid, gid, atime_ns)):
             cur = (
-                self.area.get(node.path) if node.path is not None else self.opens.of_file(node.ino)
+                self.core.area.get(node.path)
+                if node.path is not None
+                else self.core.opens.of_file(node.ino)
             )
             if cur is not None:
-                self.passthrough.sync(cur)  # writes the kernel made directly count as dirty
+                self.core.passthrough.sync(cur)  # writes the kernel made directly count as dirty
             new_mode = None if mode is None else stat.S_IMODE(mode)
             if cur is not None:
-                self.area.set_attrs(
+                self.core.area.set_attrs(
                     cur, mode=new_mode, mtime_ns=mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
                 )
             if mtime_ns is not None and node.path is not None:
-                self._dir_times.pop(node.path, None)  # a time set wins over our own
-            at_origin = cur is None or not any(v.dirty for v in self.area.versions(cur))
-            while at_origin and cur is not None and (
-                busy := [v for v in self.area.versions(cur) if v.uploading]
+                self.core.dir_times.pop(node.path, None)  # a time set wins over our own
+            at_origin = cur is None or not any(v.dirty for v in self.core.area.versions(cur))
+            while (
+                at_origin
+                and cur is not None
+                and (busy := [v for v in self.core.area.versions(cur) if v.uploading])
             ):
                 # a commit that landed is still setting the attributes changed during its
                 # upload (the uploader's committed hook): a change made at the origin now
                 # would race it (both copy the object onto itself; the last one wins and
                 # undoes the other's owner or mode), so it waits for it
-                await self._wait_upload(busy[0])
-                at_origin = not any(v.dirty for v in self.area.versions(cur))
+                await self.core.wait_upload(busy[0])
+                at_origin = not any(v.dirty for v in self.core.area.versions(cur))
             if at_origin and node.path is not None:
-                entry = await self.origin.set_attrs(
+                entry = await self.core.origin.set_attrs(
                     node.path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
                 )
                 if cur is not None and cur.ps is not None and cur.ps.base is not None:
                     # our own change of the version the staged file replaces: its next
                     # commit replaces this one (If-Match), not a conflict
-                    self.area.rebase(cur.ps, entry.version)
+                    self.core.area.rebase(cur.ps, entry.version)
                 node.entry = entry
                 node.fetched = time.monotonic()
-                self.listings.record(node.path, entry)
-        if node.path is None and node.entry is not None and self.opens.of_file(node.ino) is None:
-            return self._entry_attr(node, node.entry)
-        return self._attr(node)
+                self.core.listings.record(node.path, entry)
+        if (
+            node.path is None
+            and node.entry is not None
+            and self.core.opens.of_file(node.ino) is None
+        ):
+            return self.core.entry_attr(node, node.entry)
+        return self.core.attr(node)
 
     @counted
     async def readlink(self, ino: int) -> str:
-        node = self.inodes.get(ino)
+        node = self.core.inodes.get(ino)
         if node.kind is not Kind.SYMLINK:
             raise err(errno.EINVAL, "not a symlink")
-        await self._check("readlink", self._path(node))
-        return await self.origin.readlink(self._path(node))
+        await self.core.check("readlink", self.core.path_of(node))
+        return await self.core.origin.readlink(self.core.path_of(node))
 
     @counted
     async def statfs(self) -> Any:
-        return await self.origin.statfs()
+        return await self.core.origin.statfs()
 
     # -- what a transport asks of an open directory --------------------------------------
 
@@ -224,11 +288,11 @@ class Filesystem(NameOps):
         (equal signatures: the kernel's cached listing of an earlier open is still right, so
         it may keep it: ``FOPEN_KEEP_CACHE``); None for a listing filtered for its caller or
         a directory no longer at its path."""
-        d = self.dirs.get(fh)
+        d = self.core.dirs.get(fh)
         if d is None or d.node.path is None or d.per_caller:
             return None
         prefix = f"{d.node.path}/" if d.node.path else ""
-        at = self.inodes.at
+        at = self.core.inodes.at
         return hash(
             tuple(
                 (e.name, e.kind, node.ino if (node := at(prefix + e.name)) is not None else 0)
@@ -239,20 +303,20 @@ class Filesystem(NameOps):
     def dir_per_caller(self, fh: int) -> bool:
         """Whether directory handle ``fh``'s listing was filtered for its caller (governed
         levels): the kernel must not cache it for other callers."""
-        d = self.dirs.get(fh)
+        d = self.core.dirs.get(fh)
         return d is not None and d.per_caller
 
     # -- status ----------------------------------------------------------------------------
 
     def statistics(self) -> CoreStats:
-        ls = self.listings.statistics()
+        ls = self.core.listings.statistics()
         return CoreStats(
-            inodes=len(self.inodes),
-            open_files=len(self.handles),
+            inodes=len(self.core.inodes),
+            open_files=len(self.core.handles),
             listings=ls.listings,
             listing_hits=ls.listing_hits,
             listing_negative_hits=ls.listing_negative_hits,
             relists=ls.relists,
-            ops=dict(self.ops),
-            latency=self.latency.snapshot(),
+            ops=dict(self.core.ops),
+            latency=self.core.latency.snapshot(),
         )

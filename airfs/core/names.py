@@ -20,9 +20,9 @@ from airfs.origin.base import (
 )
 
 from .attrs import Attr, kind_of_mode
-from .base import ADOPT_MAX, counted
+from .base import ADOPT_MAX, Core, counted
 from .context import current_caller
-from .files import FileOps
+from .files import Files
 from .handles import DirEntry, DirHandle, Emit, err
 from .inodes import Node
 from .readpath import ObjectRef
@@ -30,38 +30,44 @@ from .readpath import ObjectRef
 log = logging.getLogger(__name__)
 
 
-class NameOps(FileOps):
-    """Directory listings and every change of a name."""
+class Names:
+    """Directory listings and every change of a name. Holds no state of its own (the
+    directory handles and inodes are the :class:`~airfs.core.base.Core`'s); a change of a name
+    that closes or creates a file goes through ``files``."""
+
+    def __init__(self, core: Core, files: Files) -> None:
+        self.core = core
+        self.files = files
 
     # -- directories -----------------------------------------------------------------------
 
     @counted
     async def opendir(self, ino: int) -> int:
         """Snapshot a directory listing (origin entries merged with staged files)."""
-        node = self.inodes.get(ino)
+        node = self.core.inodes.get(ino)
         if node.kind is not Kind.DIR:
             raise err(errno.ENOTDIR, "not a directory")
-        path = self._path(node)
-        await self._check("readdir", path)
+        path = self.core.path_of(node)
+        await self.core.check("readdir", path)
         # Staged files first: one whose commit lands while we list would otherwise be in
         # neither snapshot.
-        staged = self.area.children(path)
+        staged = self.core.area.children(path)
         t0 = time.monotonic()
-        listed = await self.origin.list(path)
-        self.listings.put(path, listed, t0)
+        listed = await self.core.origin.list(path)
+        self.core.listings.put(path, listed, t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None
             name = st.path.rpartition("/")[2]
             old = merged.get(name)
             merged[name] = DirEntry(name, Kind.FILE, old.entry if old is not None else None, st)
-        per_caller = self.guard is not None and self.guard.filters(path)
-        if self.guard is not None:
+        per_caller = self.core.guard is not None and self.core.guard.filters(path)
+        if self.core.guard is not None:
             caller = current_caller()
-            merged = {n: v for n, v in merged.items() if self.guard.visible(caller, path, n)}
-        fh = self._fh()
+            merged = {n: v for n, v in merged.items() if self.core.guard.visible(caller, path, n)}
+        fh = self.core.new_fh()
         entries = sorted(merged.values(), key=lambda d: d.name)
-        self.dirs[fh] = DirHandle(fh, node, entries, t0, per_caller)
+        self.core.dirs[fh] = DirHandle(fh, node, entries, t0, per_caller)
         return fh
 
     @counted
@@ -69,85 +75,89 @@ class NameOps(FileOps):
         """Emit entries from index ``start``; each accepted entry adds a lookup reference
         (readdirplus). ``emit(name, attr, next_index)`` returns False when the kernel's
         buffer is full."""
-        dh = self.dirs.get(fh)
+        dh = self.core.dirs.get(fh)
         if dh is None:
             raise err(errno.EBADF, "bad directory handle")
-        base = self._path(dh.node)
+        base = self.core.path_of(dh.node)
         for i in range(start, len(dh.entries)):
             de = dh.entries[i]
             name, kind, entry, st = de.name, de.kind, de.entry, de.staged
             path = join(base, name)
             if st is not None and st.path == path:
-                node = self.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
-                attr = self._staged_attr(node, st)
+                node = self.core.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
+                attr = self.core.staged_attr(node, st)
             elif entry is not None:
-                node = self.inodes.bind(path, kind, entry, dh.listed_at)
-                attr = self._attr(node) if node.entry is not None else self._entry_attr(node, entry)
+                node = self.core.inodes.bind(path, kind, entry, dh.listed_at)
+                attr = (
+                    self.core.attr(node)
+                    if node.entry is not None
+                    else self.core.entry_attr(node, entry)
+                )
             else:
                 continue  # a staged file deleted since the snapshot
             if not emit(name, attr, i + 1):
-                self.inodes.maybe_drop(node)
+                self.core.inodes.maybe_drop(node)
                 return
             node.lookups += 1
 
     def releasedir(self, fh: int) -> None:
-        self.dirs.pop(fh, None)
+        self.core.dirs.pop(fh, None)
 
     @counted
     async def mkdir(self, parent_ino: int, name: str, mode: int) -> Attr:
-        path = self._new_child(parent_ino, name)
-        await self._check("mkdir", path)
-        if self.area.get(path) is not None:
+        path = self.core.new_child(parent_ino, name)
+        await self.core.check("mkdir", path)
+        if self.core.area.get(path) is not None:
             raise err(errno.EEXIST, f"{path}: exists")
-        uid, gid, setgid = self._new_owner(parent_ino)
+        uid, gid, setgid = self.core.new_owner(parent_ino)
         mode = stat.S_IMODE(mode) | (stat.S_ISGID if setgid else 0)
-        entry = await self.origin.mkdir(path, mode, uid=uid, gid=gid)
-        self._dir_changed(path, +1)
-        self.listings.record(path, entry)
-        self.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
-        node = self.inodes.bind(path, Kind.DIR, entry)
+        entry = await self.core.origin.mkdir(path, mode, uid=uid, gid=gid)
+        self.core.dir_changed(path, +1)
+        self.core.listings.record(path, entry)
+        self.core.listings.put(path, [], time.monotonic())  # new and empty: names inside are local
+        node = self.core.inodes.bind(path, Kind.DIR, entry)
         node.lookups += 1
-        return self._entry_attr(node, entry)
+        return self.core.entry_attr(node, entry)
 
     @counted
     async def rmdir(self, parent_ino: int, name: str) -> None:
-        path = self._child(parent_ino, name)
-        await self._check("rmdir", path)
-        if self.area.get(path) is not None:
+        path = self.core.child(parent_ino, name)
+        await self.core.check("rmdir", path)
+        if self.core.area.get(path) is not None:
             raise err(errno.ENOTDIR, f"{path}: not a directory")
-        if self.area.under(path):
+        if self.core.area.under(path):
             raise err(errno.ENOTEMPTY, f"{path}: directory not empty")
-        await self.origin.rmdir(path)
-        self._dir_changed(path, -1)
-        self.listings.record(path, None)
-        self.listings.drop(path)
-        node = self.inodes.at(path)
+        await self.core.origin.rmdir(path)
+        self.core.dir_changed(path, -1)
+        self.core.listings.record(path, None)
+        self.core.listings.drop(path)
+        node = self.core.inodes.at(path)
         if node is not None:
-            self.inodes.detach(node)
+            self.core.inodes.detach(node)
 
     # -- names -----------------------------------------------------------------------------
 
     @counted
     async def unlink(self, parent_ino: int, name: str) -> None:
-        path = self._child(parent_ino, name)
-        await self._check("unlink", path)
-        await self._settle(path)
-        st = self.area.get(path)
+        path = self.core.child(parent_ino, name)
+        await self.core.check("unlink", path)
+        await self.core.settle(path)
+        st = self.core.area.get(path)
         at_origin = st is None or st.base_version is not None
         if st is not None:
-            self.area.discard(st)
+            self.core.area.discard(st)
         if at_origin:
             try:
-                await self.origin.delete(path)
+                await self.core.origin.delete(path)
             except NotFound:
                 if st is None:
                     raise
-            self.listings.record(path, None)
-            self.readpath.discard(path)
-        self._dir_changed(path)
-        node = self.inodes.at(path)
+            self.core.listings.record(path, None)
+            self.core.readpath.discard(path)
+        self.core.dir_changed(path)
+        node = self.core.inodes.at(path)
         if node is not None:
-            self.inodes.unlink_name(path)
+            self.core.inodes.unlink_name(path)
             if node.path is not None:  # the file's other names: its link count moved
                 node.fetched = 0.0
 
@@ -169,26 +179,26 @@ class NameOps(FileOps):
         step. ``RENAME_EXCHANGE`` is not supported (EINVAL)."""
         if exchange:
             raise err(errno.EINVAL, "RENAME_EXCHANGE is not supported")
-        old = self._child(old_parent, old_name)
-        new = self._new_child(new_parent, new_name)
-        await self._check("rename_from", old)
-        await self._check("rename_to", new)
-        self._one_storage(old, new, "rename")
+        old = self.core.child(old_parent, old_name)
+        new = self.core.new_child(new_parent, new_name)
+        await self.core.check("rename_from", old)
+        await self.core.check("rename_to", new)
+        self.core.one_storage(old, new, "rename")
         if old == new:
             return
-        same = self.inodes.at(old)
-        if same is not None and same is self.inodes.at(new) and same.kind is not Kind.DIR:
+        same = self.core.inodes.at(old)
+        if same is not None and same is self.core.inodes.at(new) and same.kind is not Kind.DIR:
             return  # two names of one file: rename(2) does nothing
-        held = self.area.hold(old, new)  # no commit starts on these names meanwhile
+        held = self.core.area.hold(old, new)  # no commit starts on these names meanwhile
         try:
-            await self._settle(old)
-            await self._settle(new)
+            await self.core.settle(old)
+            await self.core.settle(new)
             moved_dir, replaced = await self._rename(old, new, noreplace=noreplace)
         finally:
-            self.area.unhold(held)
+            self.core.area.unhold(held)
         moves = moved_dir and split(old)[0] != split(new)[0]
-        self._dir_changed(old, -1 if moves else 0)
-        self._dir_changed(new, +1 if moves and not replaced else 0)
+        self.core.dir_changed(old, -1 if moves else 0)
+        self.core.dir_changed(new, +1 if moves and not replaced else 0)
 
     async def _carry(self, src: Entry, old: str, moved: Entry, new: str) -> None:
         """A file renamed at the origin by a copy that kept its version: what the cache holds
@@ -196,12 +206,12 @@ class NameOps(FileOps):
         never need the origin's copy of a version that is gone by then). Only where open
         files are not pinned (S3): a pinning origin keeps a replaced version for its
         readers, and the local copy would cost more than it saves."""
-        if self._pin is not None:
+        if self.core.pin is not None:
             return
         if moved.version != src.version or not src.version or src.size > ADOPT_MAX:
             return
         try:
-            await self.readpath.carry(
+            await self.core.readpath.carry(
                 ObjectRef(old, src.version, src.size), ObjectRef(new, moved.version, moved.size)
             )
         except (OSError, ValueError) as exc:
@@ -210,14 +220,14 @@ class NameOps(FileOps):
     def _name_nodes(self, *paths: str) -> list[Node]:
         """The distinct inodes bound at ``paths``, in inode order (the order their locks are
         taken in, so that two renames never wait for each other)."""
-        found = {n.ino: n for n in (self.inodes.at(p) for p in paths) if n is not None}
+        found = {n.ino: n for n in (self.core.inodes.at(p) for p in paths) if n is not None}
         return [found[i] for i in sorted(found)]
 
     async def _rename(self, old: str, new: str, *, noreplace: bool) -> tuple[bool, bool]:
         """Rename ``old`` to ``new``; returns (a directory was moved, something was replaced)."""
-        st_src = self.area.get(old)
-        st_dst = self.area.get(new)
-        dst_entry = None if st_dst is not None else await self._stat(new)
+        st_src = self.core.area.get(old)
+        st_dst = self.core.area.get(new)
+        dst_entry = None if st_dst is not None else await self.core.stat(new)
         if noreplace and (st_dst is not None or dst_entry is not None):
             raise err(errno.EEXIST, f"{new}: exists")
         local_only = st_src is not None and st_src.base_version is None
@@ -230,16 +240,20 @@ class NameOps(FileOps):
                 base = st_dst.base_version
             else:
                 base = dst_entry.version if dst_entry is not None else None
-            self.area.move(old, new, rebase=True, base=base)
-            self.inodes.move(old, new)
+            self.core.area.move(old, new, rebase=True, base=base)
+            self.core.inodes.move(old, new)
         else:
-            src_entry = await self._stat(old) if st_src is None else None
+            src_entry = await self.core.stat(old) if st_src is None else None
             if st_src is None and src_entry is None:
                 raise err(errno.ENOENT, f"{old}: no such file or directory")
             if src_entry is not None and src_entry.kind is Kind.DIR:
                 if st_dst is not None:
                     raise err(errno.ENOTDIR, f"{new}: not a directory")
-                if dst_entry is not None and dst_entry.kind is Kind.DIR and self.area.under(new):
+                if (
+                    dst_entry is not None
+                    and dst_entry.kind is Kind.DIR
+                    and self.core.area.under(new)
+                ):
                     raise err(errno.ENOTEMPTY, f"{new}: directory not empty")
             elif dst_entry is not None and dst_entry.kind is Kind.DIR:
                 raise err(errno.EISDIR, f"{new}: is a directory")
@@ -251,51 +265,51 @@ class NameOps(FileOps):
                 for n in self._name_nodes(old, new):
                     await locks.enter_async_context(n.lock)
                 try:
-                    await self.origin.rename(old, new, replace=not noreplace)
+                    await self.core.origin.rename(old, new, replace=not noreplace)
                 except NotFound:
                     if st_src is None:
                         raise
                 is_dir = src_entry is not None and src_entry.kind is Kind.DIR
-                moved_entry = None if is_dir else await self._stat(new)
+                moved_entry = None if is_dir else await self.core.stat(new)
                 if is_dir:
-                    self.area.move(old, new)
+                    self.core.area.move(old, new)
                 else:
                     # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
                     base = moved_entry.version if moved_entry is not None else None
-                    self.area.move(old, new, rebase=st_src is not None, base=base)
-                self.inodes.move(old, new)
-                node = self.inodes.at(new)
+                    self.core.area.move(old, new, rebase=st_src is not None, base=base)
+                self.core.inodes.move(old, new)
+                node = self.core.inodes.at(new)
                 if moved_entry is not None and node is not None:
                     node.entry, node.fetched = moved_entry, time.monotonic()
                 # forget the new parent's listing: its other names are not known without asking
-                self.listings.discard(split(new)[0])
+                self.core.listings.discard(split(new)[0])
                 if is_dir or src_entry is None:
-                    self.listings.drop(old)
-                    self.listings.drop(new)
+                    self.core.listings.drop(old)
+                    self.core.listings.drop(new)
                 if moved_entry is not None:
-                    self.listings.record(new, moved_entry)
+                    self.core.listings.record(new, moved_entry)
                     if src_entry is not None:
                         await self._carry(src_entry, old, moved_entry, new)
-                self.readpath.discard(old)
-                self.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
-        self.listings.record(old, None)
-        self.area.notify()
+                self.core.readpath.discard(old)
+                self.core.readpath.discard(new, keep=moved_entry.version if moved_entry else None)
+        self.core.listings.record(old, None)
+        self.core.area.notify()
         moved_dir = src_entry is not None and src_entry.kind is Kind.DIR
         return moved_dir, st_dst is not None or dst_entry is not None
 
     @counted
     async def symlink(self, parent_ino: int, name: str, target: str) -> Attr:
-        path = self._new_child(parent_ino, name)
-        await self._check("symlink", path)
-        if self.area.get(path) is not None:
+        path = self.core.new_child(parent_ino, name)
+        await self.core.check("symlink", path)
+        if self.core.area.get(path) is not None:
             raise err(errno.EEXIST, f"{path}: exists")
-        uid, gid, _ = self._new_owner(parent_ino)
-        entry = await self.origin.symlink(path, target, uid=uid, gid=gid)
-        self._dir_changed(path)
-        self.listings.record(path, entry)
-        node = self.inodes.bind(path, Kind.SYMLINK, entry)
+        uid, gid, _ = self.core.new_owner(parent_ino)
+        entry = await self.core.origin.symlink(path, target, uid=uid, gid=gid)
+        self.core.dir_changed(path)
+        self.core.listings.record(path, entry)
+        node = self.core.inodes.bind(path, Kind.SYMLINK, entry)
         node.lookups += 1
-        return self._entry_attr(node, entry)
+        return self.core.entry_attr(node, entry)
 
     @counted
     async def mknod(self, parent_ino: int, name: str, mode: int, rdev: int = 0) -> Attr:
@@ -304,27 +318,27 @@ class NameOps(FileOps):
         mount without ``allow_devices``). A regular file is created like ``create``."""
         kind = kind_of_mode(mode)
         if kind is Kind.FILE:
-            fh, attr = await self.create(parent_ino, name, mode, os.O_WRONLY | os.O_EXCL)
-            await self.flush(fh)
-            await self.release(fh)
+            fh, attr = await self.files.create(parent_ino, name, mode, os.O_WRONLY | os.O_EXCL)
+            await self.files.flush(fh)
+            await self.files.release(fh)
             return attr
         if kind not in SPECIAL_KINDS:
             raise err(errno.EINVAL, f"mknod of file type {stat.S_IFMT(mode):o}")
-        path = self._new_child(parent_ino, name)
-        await self._check("mknod", path)
-        if kind in (Kind.CHAR, Kind.BLOCK) and not self.allow_devices:
+        path = self.core.new_child(parent_ino, name)
+        await self.core.check("mknod", path)
+        if kind in (Kind.CHAR, Kind.BLOCK) and not self.core.allow_devices:
             raise err(errno.EPERM, "device nodes are not allowed on this mount")
-        if not self.origin.capabilities.special_files:
-            raise err(errno.EOPNOTSUPP, f"{self.origin.url}: no special files at this origin")
-        if self.area.get(path) is not None:
+        if not self.core.origin.capabilities.special_files:
+            raise err(errno.EOPNOTSUPP, f"{self.core.origin.url}: no special files at this origin")
+        if self.core.area.get(path) is not None:
             raise err(errno.EEXIST, f"{path}: exists")
-        uid, gid, _ = self._new_owner(parent_ino)
-        entry = await self.origin.mknod(path, kind, stat.S_IMODE(mode), rdev, uid=uid, gid=gid)
-        self._dir_changed(path)
-        self.listings.record(path, entry)
-        node = self.inodes.bind(path, kind, entry)
+        uid, gid, _ = self.core.new_owner(parent_ino)
+        entry = await self.core.origin.mknod(path, kind, stat.S_IMODE(mode), rdev, uid=uid, gid=gid)
+        self.core.dir_changed(path)
+        self.core.listings.record(path, entry)
+        node = self.core.inodes.bind(path, kind, entry)
         node.lookups += 1
-        return self._entry_attr(node, entry)
+        return self.core.entry_attr(node, entry)
 
     @counted
     async def link(self, ino: int, new_parent_ino: int, new_name: str) -> Attr:
@@ -332,42 +346,42 @@ class NameOps(FileOps):
         source is committed first, and waited for); an atomic create-if-absent copy where
         the origin makes links as copies (S3: EEXIST when the name exists on any node).
         EPERM elsewhere, and for directories."""
-        caps = self.origin.capabilities
-        node = self.inodes.get(ino)
+        caps = self.core.origin.capabilities
+        node = self.core.inodes.get(ino)
         if node.kind is Kind.DIR:
             raise err(errno.EPERM, "hard links to directories are not allowed")
         if not (caps.hard_links or caps.link_copies):
-            raise err(errno.EPERM, f"{self.origin.url}: no hard links at this origin")
-        src = self._path(node)
-        dst = self._new_child(new_parent_ino, new_name)
-        await self._check("link", dst)
-        self._one_storage(src, dst, "link")
-        await self._check("link_from", src)  # the new name must not give what src does not
-        if self.area.get(dst) is not None:
+            raise err(errno.EPERM, f"{self.core.origin.url}: no hard links at this origin")
+        src = self.core.path_of(node)
+        dst = self.core.new_child(new_parent_ino, new_name)
+        await self.core.check("link", dst)
+        self.core.one_storage(src, dst, "link")
+        await self.core.check("link_from", src)  # the new name must not give what src does not
+        if self.core.area.get(dst) is not None:
             raise err(errno.EEXIST, f"{dst}: exists")
-        st = self.area.get(src)
+        st = self.core.area.get(src)
         if st is not None:
             # what is written so far is committed and linked, as by fsync (object_store links
             # its temporary file while it is still open); bytes written after the link commit
             # to ``src`` alone later (a commit writes a new file: the names then part)
-            await self.area.io.quiesce(st)
-            self.area.close_version(st, barrier=True)
-            await self.commit_now(st)
-        held = self.area.hold(src, dst)
+            await self.core.area.io.quiesce(st)
+            self.core.area.close_version(st, barrier=True)
+            await self.core.commit_now(st)
+        held = self.core.area.hold(src, dst)
         try:
-            await self._settle(src)
-            entry = await self.origin.link(src, dst)
+            await self.core.settle(src)
+            entry = await self.core.origin.link(src, dst)
         finally:
-            self.area.unhold(held)
-        self._dir_changed(dst)
-        self.listings.record(dst, entry)
+            self.core.area.unhold(held)
+        self.core.dir_changed(dst)
+        self.core.listings.record(dst, entry)
         if caps.hard_links:
             # one file, one node: the kernel sees the new name as the same inode
             node.entry, node.fetched = entry, time.monotonic()
-            self.listings.record(src, entry)
-            self.inodes.alias(dst, node)
+            self.core.listings.record(src, entry)
+            self.core.inodes.alias(dst, node)
             node.lookups += 1
-            return self._entry_attr(node, entry)
-        new = self.inodes.bind(dst, entry.kind, entry)  # a copy: a file of its own
+            return self.core.entry_attr(node, entry)
+        new = self.core.inodes.bind(dst, entry.kind, entry)  # a copy: a file of its own
         new.lookups += 1
-        return self._entry_attr(new, entry)
+        return self.core.entry_attr(new, entry)
