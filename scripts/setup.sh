@@ -37,5 +37,5 @@ pip_q() { .venv/bin/pip install -q --disable-pip-version-check "$@"; }
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   pip_q "torch==${AIRFS_TORCH_VERSION:-2.13.0}"
 fi
-pip_q -e '.[torch,tables,test,bench]'
+pip_q -e '.[torch,tables,test,bench,csi]'
 echo "airfs setup: ready (.venv/bin/airfs)"
