@@ -16,7 +16,7 @@ import threading
 from types import FrameType
 
 from .node import NodeService
-from .server import IdentityServer, NodeServer, start_server
+from .server import IdentityServer, NodeServer, socket_path, start_server
 from .supervisor import NodeMount
 
 log = logging.getLogger(__name__)
@@ -33,6 +33,11 @@ def serve(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    try:
+        socket_path(args.endpoint)
+    except ValueError as exc:
+        _say(str(exc))
+        return 1
     node = NodeService(args.mountpoint)
     mount = None
     if args.origin is not None:
