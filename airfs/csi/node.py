@@ -216,8 +216,18 @@ class NodeService:
         if not stat.S_ISDIR(st.st_mode):
             raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {ref.relpath} is not a directory")
         current = mounts.mount_at(target)
+        root = "/" + ref.relpath if node.root == "/" else f"{node.root}/{ref.relpath}"
+        if current is not None and self._dead_bind(current, node, root):
+            # the same volume from a node mount that is gone (its daemon died or the plugin
+            # restarted with a new one): replaced by a bind of the live mount
+            try:
+                mounts.unmount(target)
+            except OSError as exc:
+                raise CsiError(
+                    grpc.StatusCode.INTERNAL, f"unmount the dead bind on {target}: {exc.strerror}"
+                ) from None
+            current = mounts.mount_at(target)
         if current is not None:
-            root = "/" + ref.relpath if node.root == "/" else f"{node.root}/{ref.relpath}"
             if current.device != node.device or current.root != root:
                 raise CsiError(
                     grpc.StatusCode.ALREADY_EXISTS,
@@ -240,6 +250,20 @@ class NodeService:
             raise CsiError(
                 grpc.StatusCode.INTERNAL, f"bind {source} on {target}: {exc.strerror}"
             ) from None
+
+    @staticmethod
+    def _dead_bind(current: mounts.MountEntry, node: mounts.MountEntry, root: str) -> bool:
+        """Whether ``current`` is a bind of the volume ``root`` from another airfs mount
+        that no longer answers (ENOTCONN/ECONNABORTED)."""
+        if current.device == node.device or current.fstype != node.fstype:
+            return False
+        if current.root != root:
+            return False
+        try:
+            os.statvfs(current.mountpoint)
+        except OSError as exc:
+            return exc.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+        return False
 
     def unpublish(self, volume_id: str, target_path: str) -> None:
         """Unmount what :meth:`publish` mounted on ``target_path`` and remove the directory

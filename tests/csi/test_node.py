@@ -16,6 +16,7 @@ from csitest_util import Plugin, serve_plugin  # noqa: E402
 
 from airfs.csi import mounts  # noqa: E402
 from airfs.csi.node import NodeService, PublishRequest  # noqa: E402
+from airfs.testing.mountfix import mount, teardown  # noqa: E402
 
 pytestmark = pytest.mark.mount
 
@@ -278,3 +279,28 @@ def test_not_ready_without_the_node_mount(tmp_path: Path) -> None:
     finally:
         channel.close()
         server.stop(grace=None).wait()
+
+
+def test_publish_replaces_a_dead_bind_of_the_volume(plugin: Plugin, tmp_path: Path) -> None:
+    """A target still bound to the volume of a node mount that died (the plugin restarted
+    with a new mount, the kubelet retries the publish): the dead bind is replaced by one of
+    the live mount, not refused."""
+    origin = tmp_path / "origin2"
+    (origin / "main" / "default" / "images").mkdir(parents=True)
+    (tmp_path / "mnt2").mkdir()
+    other = mount(str(origin), tmp_path / "mnt2", tmp_path / "cache2")
+    try:
+        target = plugin.target()
+        os.mkdir(target)
+        mounts.bind(str(tmp_path / "mnt2/main/default/images"), target, readonly=False)
+        other.kill9()  # its daemon dies; the bind on the target stays, dead
+        with pytest.raises(OSError) as exc:
+            os.statvfs(target)
+        assert exc.value.errno in (errno.ENOTCONN, errno.ECONNABORTED)
+        plugin.publish(target)
+        (entry,) = _entries(target)
+        node = mounts.mount_at(str(plugin.mountpoint))
+        assert node is not None and entry.device == node.device
+        assert Path(target, "cat.jpg").read_bytes() == b"meow" * 100
+    finally:
+        teardown(other)
