@@ -76,6 +76,17 @@ def test_publish_read_write(plugin: Plugin) -> None:
     assert _entries(target) == [] and not os.path.exists(target)
 
 
+def test_publish_on_a_target_with_odd_characters(plugin: Plugin) -> None:
+    """mountinfo escapes spaces and backslashes: the publish must still recognise its bind."""
+    target = plugin.target("pod with space\\x")
+    plugin.publish(target, readonly=True)
+    plugin.publish(target, readonly=True)  # idempotent: the escaped entry was recognised
+    (entry,) = _entries(target)
+    assert entry.root == "/main/default/images" and entry.readonly
+    plugin.unpublish(target)
+    assert _entries(target) == [] and not os.path.exists(target)
+
+
 def test_publish_read_only(plugin: Plugin) -> None:
     target = plugin.target()
     plugin.publish(target, readonly=True)
