@@ -29,7 +29,8 @@ def _say(msg: str) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
-    """Run the plugin until SIGTERM/SIGINT (exit 0) or the node mount's death (exit 1)."""
+    """Run the plugin until SIGTERM/SIGINT (exit 0) or the node mount's death (exit 1). A
+    signal while the mount is starting stops it and exits 0."""
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -38,15 +39,31 @@ def serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _say(str(exc))
         return 1
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _serve(args, stop)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _serve(args: argparse.Namespace, stop: threading.Event) -> int:
     node = NodeService(args.mountpoint)
     mount = None
     if args.origin is not None:
         mount = NodeMount(args.mountpoint, ["--origin", args.origin, *args.mount_options])
-        reason = mount.start(lambda: node.not_ready() is None, args.mount_timeout)
+        reason = mount.start(
+            lambda: node.not_ready() is None, args.mount_timeout, cancelled=stop.is_set
+        )
         if reason is not None:
             mount.stop(args.drain_timeout)
             _say(reason)
-            return 1
+            return 0 if stop.is_set() else 1
         _say(f"mounted {args.origin} on {args.mountpoint}")
     identity = IdentityServer(
         name=args.driver_name,
@@ -64,13 +81,6 @@ def serve(args: argparse.Namespace) -> int:
             mount.stop(args.drain_timeout)
         return 1
     _say(f"serving {args.driver_name} on {args.endpoint} (node {args.node_id})")
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     code = 0
     try:
         while not stop.wait(0.5):
@@ -80,8 +90,6 @@ def serve(args: argparse.Namespace) -> int:
                 code = 1
                 break
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
         server.stop(grace=5).wait()
         if mount is not None:
             rc = mount.stop(args.drain_timeout)

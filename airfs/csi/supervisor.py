@@ -31,11 +31,21 @@ class NodeMount:
             self.mountpoint,
         ]
 
-    def start(self, ready: Callable[[], bool], timeout: float) -> str | None:
+    def start(
+        self,
+        ready: Callable[[], bool],
+        timeout: float,
+        *,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> str | None:
         """Start the daemon and wait until ``ready()`` (the mount answers); the reason it did
-        not come up (it exited, or ``timeout`` seconds passed: it is then stopped), or None."""
+        not come up (it exited, ``cancelled()`` became true, or ``timeout`` seconds passed),
+        or None. The daemon is in a session of its own: a terminal's ^C reaches the plugin,
+        which decides when the mount drains."""
         os.makedirs(self.mountpoint, exist_ok=True)
-        self.proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            self.command(), stdin=subprocess.DEVNULL, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             problem = self.problem()
@@ -43,8 +53,9 @@ class NodeMount:
                 return problem
             if ready():
                 return None
+            if cancelled():
+                return "stopped before the node's mount was ready"
             time.sleep(0.05)
-        self.stop(30)
         return f"the node's airfs mount on {self.mountpoint} was not ready within {timeout}s"
 
     def problem(self) -> str | None:
