@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +86,8 @@ def model_name(doc: dict[str, Any]) -> str:
 def load_all() -> list[tuple[str, dict[str, Any]]]:
     docs = []
     for path in sorted(DIR.glob("*.yaml")):
+        if path.name == "kustomization.yaml":  # kustomize's, not an API object
+            continue
         for doc in yaml.safe_load_all(path.read_text()):
             if doc is not None:
                 docs.append((path.name, doc))
@@ -186,3 +190,20 @@ def test_driver_name_and_volume_attributes() -> None:
     (pod,) = objects("Pod")
     claims = [v["persistentVolumeClaim"] for v in pod["spec"]["volumes"]]
     assert claims == [{"claimName": pvc["metadata"]["name"], "readOnly": True}]
+
+
+def test_kustomization_builds_the_plugin() -> None:
+    """``kubectl apply -k mount/kubernetes/`` applies the plugin's objects (not the example),
+    as kustomize builds them (offline: ``kubectl kustomize`` needs no cluster)."""
+    if shutil.which("kubectl") is None:
+        pytest.skip("needs kubectl")
+    p = subprocess.run(
+        ["kubectl", "kustomize", str(DIR)], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 0, p.stderr
+    built = [d for d in yaml.safe_load_all(p.stdout) if d is not None]
+    names = sorted(f"{d['kind']}/{d['metadata']['name']}" for d in built)
+    want = [
+        f"{d['kind']}/{d['metadata']['name']}" for name, d in load_all() if name != "example.yaml"
+    ]
+    assert names == sorted(want)
