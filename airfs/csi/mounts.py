@@ -104,6 +104,23 @@ def _check(rc: int, what: str, path: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}", path)
 
 
+def open_beneath(root: str, names: list[str]) -> int:
+    """An ``O_PATH`` descriptor of the directory ``root/names[0]/names[1]/...``, opened one
+    name at a time with ``O_NOFOLLOW``: a symbolic link on the way is ``NotADirectoryError``
+    (as is a file), a missing name ``FileNotFoundError``. The caller closes it."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    fd = os.open(root, flags)
+    try:
+        for name in names:
+            nfd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = nfd
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def bind(source: str, target: str, *, readonly: bool) -> None:
     """Bind-mount the directory ``source`` on ``target``; with ``readonly`` the new mount
     is then made read-only. If that second step fails the bind is undone before raising."""

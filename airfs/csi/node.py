@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import errno
 import os
-import stat
 import threading
 from dataclasses import dataclass
 
@@ -200,12 +199,19 @@ class NodeService:
         node = self.node_mount()
         if node is None:
             raise CsiError(grpc.StatusCode.UNAVAILABLE, f"{self.not_ready()}; retry later")
-        source = os.path.join(self.mountpoint, ref.relpath)
+        # the volume's directory, opened name by name without following a symlink (one at
+        # the origin could point anywhere on the node, / included), and bound through that
+        # fd: what is checked is what is mounted
         try:
-            st = os.stat(source)
+            fd = mounts.open_beneath(self.mountpoint, ref.relpath.split("/"))
         except FileNotFoundError:
             raise CsiError(
                 grpc.StatusCode.NOT_FOUND, f"volume {ref.relpath} does not exist on the mount"
+            ) from None
+        except NotADirectoryError:
+            raise CsiError(
+                grpc.StatusCode.NOT_FOUND,
+                f"volume {ref.relpath} is not a directory (a file or a symbolic link)",
             ) from None
         except PermissionError:
             raise CsiError(
@@ -213,8 +219,15 @@ class NodeService:
             ) from None
         except OSError as exc:
             raise CsiError(grpc.StatusCode.INTERNAL, f"volume {ref.relpath}: {exc}") from None
-        if not stat.S_ISDIR(st.st_mode):
-            raise CsiError(grpc.StatusCode.NOT_FOUND, f"volume {ref.relpath} is not a directory")
+        try:
+            self._bind(fd, target, ref, node, readonly)
+        finally:
+            os.close(fd)
+
+    def _bind(
+        self, fd: int, target: str, ref: VolumeRef, node: mounts.MountEntry, readonly: bool
+    ) -> None:
+        """Bind the directory open as ``fd`` on ``target``, or check what is there."""
         current = mounts.mount_at(target)
         root = "/" + ref.relpath if node.root == "/" else f"{node.root}/{ref.relpath}"
         if current is not None and self._dead_bind(current, node, root):
@@ -245,10 +258,10 @@ class NodeService:
         except OSError as exc:
             raise CsiError(grpc.StatusCode.INTERNAL, f"cannot create {target}: {exc}") from None
         try:
-            mounts.bind(source, target, readonly=readonly)
+            mounts.bind(f"/proc/self/fd/{fd}", target, readonly=readonly)
         except OSError as exc:
             raise CsiError(
-                grpc.StatusCode.INTERNAL, f"bind {source} on {target}: {exc.strerror}"
+                grpc.StatusCode.INTERNAL, f"bind {ref.relpath} on {target}: {exc.strerror}"
             ) from None
 
     @staticmethod

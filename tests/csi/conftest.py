@@ -32,6 +32,9 @@ def node_mount(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mounted]:
         (origin / "main" / "default" / vol).mkdir(parents=True)
     (origin / "main" / "default" / "images" / "cat.jpg").write_bytes(b"meow" * 100)
     (origin / "main" / "default" / "notavolume").write_bytes(b"x")
+    # symbolic links at the origin: to the node's root, and a schema reached through one
+    (origin / "main" / "default" / "evil").symlink_to("/")
+    (origin / "main" / "linked").symlink_to("default")
     (base / "mnt").mkdir()
     with mounted(str(origin), base / "mnt", base / "cache") as m:
         yield m

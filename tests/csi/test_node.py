@@ -222,6 +222,12 @@ BAD = {
     "bad id": ({"attrs": {}, "volume_id": "images"}, "INVALID_ARGUMENT", "CATALOG.SCHEMA"),
     "missing volume": ({"volume": "nope"}, "NOT_FOUND", "main/default/nope does not exist"),
     "file, not volume": ({"volume": "notavolume"}, "NOT_FOUND", "is not a directory"),
+    "symlink volume": ({"volume": "evil"}, "NOT_FOUND", "a file or a symbolic link"),
+    "symlink schema": (
+        {"attrs": {"catalog": "main", "schema": "linked", "volume": "images"}},
+        "NOT_FOUND",
+        "main/linked/images is not a directory",
+    ),
 }
 
 
