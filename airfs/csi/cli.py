@@ -12,11 +12,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import socket
 from typing import Any
 
 from airfs.cli.options import positive_seconds
+
+
+def _shell_words(text: str) -> list[str]:
+    """``--mount-options``: a shell-quoted string split into arguments."""
+    import shlex  # here: every airfs command builds this parser, and few serve
+
+    try:
+        return shlex.split(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r}: {exc}") from None
 
 
 def register(sub: Any) -> None:
@@ -71,7 +80,7 @@ def register(sub: Any) -> None:
     )
     s.add_argument(
         "--mount-options",
-        type=shlex.split,
+        type=_shell_words,
         default=[],
         metavar="'OPTIONS'",
         help="with --origin: more airfs mount options, as one shell-quoted string "

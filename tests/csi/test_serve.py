@@ -156,7 +156,14 @@ def test_serve_refuses_bad_endpoints(tmp_path: Path, args: list[str], reason: st
     assert p.returncode == 1 and reason in p.stderr, p.stderr
 
 
-def test_serve_refuses_bad_usage() -> None:
-    cmd = [*airfs_cmd(), "csi", "serve", "--mount-timeout", "-1"]
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--mount-timeout", "-1"], "--mount-timeout"),
+        (["--mount-options=--cache-dir '/x"], "No closing quotation"),
+    ],
+)
+def test_serve_refuses_bad_usage(args: list[str], reason: str) -> None:
+    cmd = [*airfs_cmd(), "csi", "serve", *args]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 2 and "--mount-timeout" in p.stderr, p.stderr
+    assert p.returncode == 2 and reason in p.stderr, p.stderr
