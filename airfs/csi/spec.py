@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 from google.protobuf import message_factory
 
-#: the proto's name on the import path: the package root is put on ``sys.path`` while it is
-#: compiled (an editable install imports ``airfs`` through a finder, not a path entry)
+#: the proto's name on the import path: the package root is put first on ``sys.path`` while it
+#: is compiled (an editable install imports ``airfs`` through a finder, not a path entry)
 PROTO = "airfs/csi/csi.proto"
 _ROOT = str(Path(__file__).resolve().parents[2])
 _lock = threading.Lock()
@@ -42,16 +42,14 @@ def protocol() -> Protocol:
     """The CSI messages and stubs, compiled on the first call (raises ``ImportError`` naming
     grpcio-tools when it is not installed)."""
     with _lock:
-        added = _ROOT not in sys.path
-        if added:
-            sys.path.insert(0, _ROOT)
+        # first on the path, so that no other copy of the proto is compiled in its place
+        sys.path.insert(0, _ROOT)
         try:
             pb, services = grpc.protos_and_services(PROTO)
         except NotImplementedError as exc:  # grpc says so when grpc_tools is missing
             raise ImportError(f"the CSI plugin needs grpcio-tools: {exc}") from exc
         finally:
-            if added:
-                sys.path.remove(_ROOT)
+            sys.path.remove(_ROOT)  # the first occurrence: the one put there
     return Protocol(pb=pb, grpc=services)
 
 
