@@ -14,6 +14,8 @@ command -v gcc >/dev/null || need_apt+=(gcc)
 command -v vim >/dev/null || command -v vim.tiny >/dev/null || need_apt+=(vim-tiny)
 command -v flock >/dev/null || need_apt+=(util-linux)
 command -v setpriv >/dev/null || need_apt+=(util-linux)
+# the CSI plugin's tests: mount namespaces with propagation (unshare, nsenter)
+command -v unshare >/dev/null && command -v nsenter >/dev/null || need_apt+=(util-linux)
 command -v rsync >/dev/null || need_apt+=(rsync)
 # PySpark (the tables tests run it in local mode) needs a Java runtime
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
@@ -37,5 +39,5 @@ pip_q() { .venv/bin/pip install -q --disable-pip-version-check "$@"; }
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
   pip_q "torch==${AIRFS_TORCH_VERSION:-2.13.0}"
 fi
-pip_q -e '.[torch,tables,test,bench]'
+pip_q -e '.[torch,tables,test,bench,csi]'
 echo "airfs setup: ready (.venv/bin/airfs)"

@@ -1,4 +1,5 @@
-"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
+"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`), csi
+(:mod:`airfs.csi.cli`).
 
 This module is the parser and the dispatch (the console script ``airfs.cli:main``); the commands
 live beside it: :mod:`airfs.cli.mount` (``mount``), :mod:`airfs.cli.control` (``umount``,
@@ -18,6 +19,7 @@ import os
 import sys
 
 from airfs.catalog.cli import register as register_catalog
+from airfs.csi.cli import register as register_csi
 from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
 
 from .control import cmd_flush as cmd_flush
@@ -272,6 +274,7 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
     register_catalog(sub)
+    register_csi(sub)
     return p
 
 

@@ -288,7 +288,8 @@ _TRANSPORT = {
     "requests": "requests read from /dev/fuse",
     "inline": "requests answered without a task",
     "tasks": "requests that waited in a task",
-    "interrupts": "interrupted requests",
+    "interrupts": "interrupted requests given up (their caller was being killed)",
+    "interrupts_ignored": "interrupted requests answered normally (a signal the caller handles)",
     "errors": "requests answered with an error",
     "passthrough_opens": "opens served by kernel passthrough",
 }

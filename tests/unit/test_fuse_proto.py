@@ -10,7 +10,7 @@ import os
 import socket
 import stat
 import struct
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from airfs.core.attrs import BLKSIZE, Attr
 from airfs.core.inodes import ROOT_INO
 from airfs.daemon.build import build
 from airfs.fuse.kernel import proto
+from airfs.fuse.kernel.interrupts import caller_dying
 from airfs.fuse.kernel.negotiate import InitError, InitIn, negotiate, read_buffer_size
 from airfs.fuse.kernel.proto import BadRequest, Init, Op
 from airfs.fuse.kernel.session import Session
@@ -261,7 +262,9 @@ class Kernel:
 
 
 @asynccontextmanager
-async def served(tmp_path: Path) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Session]]:
+async def served(
+    tmp_path: Path, dying: Callable[[int], bool] = lambda tid: False
+) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Session]]:
     mem = MemoryOrigin()
     mem.put_bytes("hello.txt", b"hello world")
     mem.mkdir("sub")
@@ -273,7 +276,9 @@ async def served(tmp_path: Path) -> AsyncIterator[tuple[Kernel, MemoryOrigin, Se
             build(mem, str(tmp_path / "cache"), ttl=5.0, attempts=1, upload=False) as b,
             trio.open_nursery() as nursery,
         ):
-            session = Session(ours.fileno(), b.fs, 5.0, on_init=inits.append, pages_limit=32)
+            session = Session(
+                ours.fileno(), b.fs, 5.0, on_init=inits.append, pages_limit=32, dying=dying
+            )
             nursery.start_soon(session.run)
             k = Kernel(theirs)
             err, out = await k.call(Op.INIT, 0, init_in(45, ALL))
@@ -361,9 +366,12 @@ async def test_unknown_and_garbled_requests_do_not_stop_the_loop(tmp_path: Path)
         assert session.statistics().errors >= 3
 
 
-async def test_interrupt_cancels_a_waiting_request(tmp_path: Path) -> None:
+async def test_interrupt_gives_up_a_waiting_request_only_for_a_dying_caller(
+    tmp_path: Path,
+) -> None:
     # no uploader runs here: an fsync of a written file waits for a commit that never comes
-    async with served(tmp_path) as (k, _mem, session):
+    killed: set[int] = set()
+    async with served(tmp_path, dying=killed.__contains__) as (k, _mem, session):
         err, out = await k.call(
             Op.CREATE, ROOT_INO, proto.CREATE_IN.pack(os.O_WRONLY, 0o644, 0, 0) + b"f\0"
         )
@@ -378,6 +386,14 @@ async def test_interrupt_cancels_a_waiting_request(tmp_path: Path) -> None:
         # other requests are served while it waits
         assert (await k.call(Op.STATFS, 1))[0] == 0
         assert k.nothing_pending() and session.statistics().tasks > tasks
+        # a signal its caller handles (SIGCHLD, SIGUSR1...): counted, the request goes on
+        k.send_raw(request(Op.INTERRUPT, 998, 0, struct.pack("<Q", target)))
+        assert (await k.call(Op.STATFS, 1))[0] == 0
+        assert k.nothing_pending()
+        assert session.statistics().interrupts_ignored == 1
+        assert session.statistics().interrupts == 0
+        # its caller (pid 4242 in the header) is being killed: the request is given up
+        killed.add(4242)
         k.send_raw(request(Op.INTERRUPT, 999, 0, struct.pack("<Q", target)))
         assert (await k.reply(target))[0] == -errno.EINTR
         assert session.statistics().interrupts == 1
@@ -399,3 +415,10 @@ async def test_unmount_ends_the_loop(tmp_path: Path) -> None:
 def test_read_buffer_fits_the_largest_write() -> None:
     assert read_buffer_size(256) >= 40 + 40 + (256 << 12)
     assert read_buffer_size(1) >= proto.FUSE_MIN_READ_BUFFER
+
+
+def test_caller_dying_reads_the_pending_signals() -> None:
+    assert not caller_dying(os.getpid())  # alive, nothing fatal pending
+    assert not caller_dying(0)  # outside the daemon's pid namespace: cannot tell
+    gone = 2**22 + 12345  # above pid_max's default ceiling: no such thread
+    assert caller_dying(gone)

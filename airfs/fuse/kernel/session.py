@@ -15,7 +15,9 @@ How requests are served (no task per request that the core answers from memory):
 Each handler unpacks the request, calls the core exactly as the pyfuse3 adapter does and
 packs the reply; ``OSError`` becomes ``-errno``, anything else is logged and answered with EIO;
 a malformed request gets EINVAL and never stops the loop. ``FUSE_INTERRUPT`` cancels the
-interrupted request's cancel scope (it then answers EINTR). Replies go out with ``os.writev``.
+interrupted request's cancel scope (it then answers EINTR) only when its caller is being
+killed (:mod:`.interrupts`); an interrupt by a signal the caller handles is counted and the
+request answered as if none came. Replies go out with ``os.writev``.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from airfs.fuse.policy import failure_errno
 
 from . import proto
 from .handlers import NO_REPLY, Handler, Handlers, Payload
+from .interrupts import caller_dying
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
@@ -75,7 +78,9 @@ def _resume(coro: Coroutine[Any, Any, None], first: Any) -> Generator[Any, Any, 
 class SessionStats:
     """``Session.statistics()``: what INIT negotiated (None before it), the requests read
     from the device (answered inline, or in a task of their own because they waited),
-    interrupted, answered with an error for a malformed request or an unexpected failure;
+    given up because their caller was being killed (``interrupts``) or interrupted by a
+    signal the caller handles and answered normally (``interrupts_ignored``), answered with
+    an error for a malformed request or an unexpected failure;
     directory opens that let the kernel keep its cached listing; the core's passthrough
     record; the backing files registered with the kernel now."""
 
@@ -88,6 +93,7 @@ class SessionStats:
     dir_cache_kept: int
     passthrough: PassthroughStats
     backing_files: int
+    interrupts_ignored: int = 0
 
     @classmethod
     def before_mount(cls, passthrough: PassthroughStats) -> SessionStats:
@@ -104,6 +110,7 @@ class SessionStats:
             "inline": self.inline,
             "tasks": self.tasks,
             "interrupts": self.interrupts,
+            "interrupts_ignored": self.interrupts_ignored,
             "errors": self.errors,
             **self.passthrough.to_dict(),
             "dir_cache_kept": self.dir_cache_kept,
@@ -133,8 +140,10 @@ class Session:
         pages_limit: int = 256,
         passthrough: bool = False,
         negative_ttl: float | None = None,
+        dying: Callable[[int], bool] = caller_dying,
     ) -> None:
         self.fd = fd
+        self.dying = dying
         self.fs = fs
         self.ttl = ttl
         self.negative_ttl = ttl if negative_ttl is None else negative_ttl
@@ -144,10 +153,12 @@ class Session:
         self.negotiated: Negotiated | None = None
         self._buf = bytearray(read_buffer_size(pages_limit))
         self._view = memoryview(self._buf)
-        self._scopes: dict[int, trio.CancelScope] = {}
+        #: the cancel scope and the caller's thread id of each request being served
+        self._scopes: dict[int, tuple[trio.CancelScope, int]] = {}
         self._done = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.requests = self.inline = self.tasks = self.interrupts = self.errors = 0
+        self.interrupts_ignored = 0
         #: made at INIT (:meth:`_init`)
         self.handlers: Handlers | None = None
         self._handlers: dict[int, Handler] = {}
@@ -166,6 +177,7 @@ class Session:
             dir_cache_kept=h.dir_cache_kept if h is not None else 0,
             passthrough=self.fs.passthrough.statistics(),
             backing_files=len(h.backing) if h is not None and h.backing is not None else 0,
+            interrupts_ignored=self.interrupts_ignored,
         )
 
     async def run(self) -> None:
@@ -262,7 +274,7 @@ class Session:
             return
         as_caller(Caller(req.uid, req.gid, req.pid))
         with trio.CancelScope() as scope:
-            self._scopes[req.unique] = scope
+            self._scopes[req.unique] = (scope, req.pid)
             try:
                 payload = await handler(req)
             except BadRequest as exc:
@@ -283,11 +295,15 @@ class Session:
 
     def _interrupt(self, req: Request) -> None:
         (target,) = proto.unpack(proto.INTERRUPT_IN, req.body, "INTERRUPT")
-        scope = self._scopes.get(target)
-        if scope is not None:
+        served = self._scopes.get(target)
+        if served is None:
+            return  # already answered (requests are started in the order they were read)
+        scope, tid = served
+        if self.dying(tid):
             self.interrupts += 1
             scope.cancel()
-        # else: already answered (requests are started in the order they were read)
+        else:
+            self.interrupts_ignored += 1
 
     def _init(self, req: Request) -> None:
         try:
