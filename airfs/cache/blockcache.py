@@ -222,6 +222,7 @@ class CachedReadPath:
                 nursery.start_soon(self._keeper.run_flusher)
                 nursery.start_soon(self._files.run)
                 nursery.start_soon(self._keeper.remove_orphans)
+                nursery.start_soon(self.backing.run_recorder)
                 task_status.started()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -244,6 +245,7 @@ class CachedReadPath:
 
     async def _shutdown(self) -> None:
         await self._files.drain()
+        await trio.to_thread.run_sync(self.backing.close)
         await self._keeper.close()  # the final flush, then the index
         for obj in self._table.objects.values():
             if not obj.io:

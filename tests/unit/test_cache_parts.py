@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import random
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -238,3 +239,43 @@ async def test_sixteen_cold_readers_keep_the_inflight_budget(tmp_path: Path) -> 
     # issue 23's write-behind, 47 MiB with it)
     assert budget <= st.inflight_peak_bytes <= budget + 2 * 16 * part
     assert st.inflight_bytes == 0
+
+
+async def test_a_small_file_fetched_whole_at_open_is_not_read_back(tmp_path: Path) -> None:
+    """The open of a cold small file (fetched whole for passthrough) is one GET: the file the
+    cache just wrote from checksummed buffers is recorded as verified without reading it back
+    (before issue 23 it was read and checked again in a second worker-thread job). The record
+    reaches the file by the shutdown at the latest: after a restart the file passes without a
+    verification, and a byte flipped meanwhile (which moves its ctime) is caught."""
+    mo = MemoryOrigin()
+    data = blob(150 * KiB, seed=7)
+    mo.put_bytes("s", data)
+    obj = ref(mo, "s")
+    async with cached(mo, tmp_path) as rp:
+        lf = await rp.local_file(obj, fetch_max=8 * MiB)
+        assert lf is not None
+        assert os.pread(lf.fd, obj.size + 1, 0) == data
+        lf.release()
+        b = rp.backing_statistics()
+        assert (b.backing_fetched_whole, b.backing_verifications) == (1, 0)
+        assert rp.statistics().origin_requests == 1
+    async with cached(mo, tmp_path) as rp:
+        lf = await rp.local_file(obj, fetch_max=8 * MiB)
+        assert lf is not None
+        lf.release()
+        b = rp.backing_statistics()
+        assert (b.backing_fetched_whole, b.backing_verifications) == (0, 0)
+    (path,) = data_files(tmp_path)
+    with open(path, "r+b") as f:
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 0x01]))
+    async with cached(mo, tmp_path) as rp:
+        assert await rp.local_file(obj, fetch_max=0) is None  # checked: the chunk fails
+        b = rp.backing_statistics()
+        assert (b.backing_verifications, b.backing_verify_failures) == (1, 1)
+        r = rp.open(obj)
+        assert await r.read(0, obj.size) == data  # the block came again from the origin
+        r.close()
+        assert rp.statistics().corrupt_blocks == 1
