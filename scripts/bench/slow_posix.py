@@ -12,7 +12,9 @@ it imports ``airfs`` from wherever ``PYTHONPATH`` points (both module layouts ar
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench/slow_posix.py --size-mib 512 --rounds 3
 
-Prints one JSON object: every round's MiB/s and the ratio of their medians. The origin's file
+Prints one JSON object: every round's MiB/s, the process's CPU seconds per GiB of the cold read
+(all threads, the origin's own copies included: on a busy machine a steadier figure than MiB/s)
+and the ratio of the medians. The origin's file
 sits in the page cache (the origin is "fast storage behind the latency").
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import tempfile
@@ -134,6 +137,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         await trio.to_thread.run_sync(prime, work, 2 * size)
     cold: list[float] = []
     par: list[float] = []
+    cpu_s_per_gib: list[float] = []
     stats: dict[str, Any] = {}
     for _ in range(a.rounds):
         if a.baseline:
@@ -141,7 +145,11 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         shutil.rmtree(cache, ignore_errors=True)
         async with CachedReadPath.running(origin, cache, **opts) as rp:
             r = rp.open(obj)
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
             cold.append(round(await sequential(r, size, a.request_kib << 10, a.depth), 1))
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime
+            cpu_s_per_gib.append(round(cpu / (size / (1 << 30)), 2))
             r.close()
             st = rp.statistics()
             d = st if isinstance(st, dict) else st.to_dict()
@@ -160,6 +168,7 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         "opts": {k: v for k, v in opts.items() if k != "cache_size"},
         "cold_mib_s": cold,
         "parallel8x8MiB_mib_s": par,
+        "cold_cpu_s_per_gib": cpu_s_per_gib,
         "ratio": round(statistics.median(cold) / statistics.median(par), 2) if par else None,
         "last_stats": stats,
     }
