@@ -36,6 +36,7 @@ and the :class:`~airfs.core.readpath.ReadPath` interface.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator
 from typing import Required, TypedDict, Unpack
@@ -160,7 +161,12 @@ class CachedReadPath:
         )
         self._budget = self._fetcher.budget
         self.backing = BackingFiles(
-            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm, verified
+            self.cache_dir,
+            self._table,
+            self._keeper,
+            io_limiter,
+            functools.partial(self._fetcher.warm, urgent=True),  # an open waits for it
+            verified,
         )
         self._readers: set[CachedReader] = set()
         hits = HitReader(self._table, self.stats)

@@ -346,10 +346,11 @@ class Fetcher:
 
     # -- whole objects ---------------------------------------------------------------------
 
-    async def warm(self, obj: CachedObject) -> int:
+    async def warm(self, obj: CachedObject, *, urgent: bool = False) -> int:
         """Fetch every block of the loaded, pinned ``obj`` not cached yet (waiting for parts
         already in flight); the bytes this call read from the origin. Raises the first error
-        of any part waited for."""
+        of any part waited for. ``urgent``: an open waits for it (a small file fetched whole
+        at open): its parts skip the budget queue and the prefetch slots, as a read's do."""
         have, inflight = obj.have, obj.inflight
         assert have is not None
         theirs: dict[int, Part] = {}
@@ -362,6 +363,12 @@ class Fetcher:
                 0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight
             )
         ]
+        if urgent:
+            for p in [*mine, *theirs.values()]:
+                if not p.started:
+                    p.urgent = True
+            if theirs:
+                self.budget.poke()
         error: BaseException | None = None
         for p in [*mine, *theirs.values()]:
             await p.stored.wait()
