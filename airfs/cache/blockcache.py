@@ -398,6 +398,7 @@ class CachedReadPath:
             inflight_bytes=self._budget.used,
             inflight_peak_bytes=self._budget.peak,
             inflight_budget=self._budget.limit,
+            inflight_waits=self._budget.waits,
             readers_open=len(self._readers),
             index_pending=t.pending(),
             index_flushes=s.index_flushes,
