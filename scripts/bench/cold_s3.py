@@ -63,6 +63,13 @@ def read_speed(path: Path) -> float:
         os.close(fd)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process ``pid`` (all its threads) so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def copy_out(src: Path, dest: Path, jobs: int, expect: int) -> float:
     """The seed's recipe; files/s."""
     shutil.rmtree(dest, ignore_errors=True)
@@ -140,6 +147,8 @@ def main() -> int:
             systems.remove(peer)
     size = a.big_mib * MiB
     vals: dict[str, dict[str, list[float]]] = {s: {"big": [], "small": []} for s in systems}
+    #: the airfs daemons' CPU seconds per GiB of the big read (steadier than MiB/s when busy)
+    cpu: dict[str, list[float]] = {s: [] for s in systems if s.startswith("airfs")}
     try:
         (work / "sw").mkdir(exist_ok=True)
         with seaweed_server(work / "sw") as srv:
@@ -201,6 +210,9 @@ def main() -> int:
                     @contextlib.contextmanager
                     def airfs_ctx() -> Iterator[None]:
                         try:
+                            c0 = cpu_seconds(m.pid)
+                            vals[system]["big"].append(read_speed(mp / "big.bin"))
+                            cpu[system].append((cpu_seconds(m.pid) - c0) / (size / (1 << 30)))
                             yield
                         finally:
                             m.umount()
@@ -223,7 +235,8 @@ def main() -> int:
                          str(rcache), "--vfs-read-chunk-size", "8M", "--buffer-size", "64M"],
                         mp, work / "rclone.log", rclone_env)  # fmt: skip
                 with ctx:
-                    vals[system]["big"].append(read_speed(mp / "big.bin"))
+                    if system in ("s3fs", "rclone"):
+                        vals[system]["big"].append(read_speed(mp / "big.bin"))
                     vals[system]["small"].append(copy_out(mp / "small", dest, a.jobs, a.small))
 
             for r in range(a.rounds):
@@ -237,12 +250,17 @@ def main() -> int:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
     report = render(a, vals)
+    for s_, c in cpu.items():
+        if c:
+            report += (f"\n{s_} daemon CPU per GiB of the big read: "
+                       + ", ".join(f"{x:.2f}" for x in c) + " s\n")  # fmt: skip
     print(report)
     if a.out:
         a.out.write_text(report)
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
-                                      "values": vals}, indent=1))  # fmt: skip
+                                      "values": vals, "daemon_cpu_s_per_gib": cpu},
+                                     indent=1))  # fmt: skip
     return 0
 
 
