@@ -126,10 +126,17 @@ def main() -> int:
     ap.add_argument("--out", type=Path, help="markdown report")
     ap.add_argument("--json", type=Path, help="raw values")
     ap.add_argument("--label", default="busy shared 2-core machine")
+    ap.add_argument("--chart", type=Path, help="PNG of the medians and rounds (matplotlib)")
+    ap.add_argument("--replot", type=Path, help="only draw --chart from this --json file")
     ap.add_argument("--before", type=Path,
                     help="also mount airfs from this checkout (system airfs-before: its daemon "
                          "imports airfs from there), for a before/after in the same run")
     a = ap.parse_args()
+    if a.replot:
+        if not a.chart:
+            ap.error("--replot needs --chart")
+        chart(json.loads(a.replot.read_text())["values"], a.chart, a.label)
+        return 0
 
     import obstore
     from obstore.store import S3Store
@@ -250,6 +257,8 @@ def main() -> int:
         if not a.work:
             shutil.rmtree(work, ignore_errors=True)
     report = render(a, vals)
+    if a.chart:
+        chart(vals, a.chart, a.label)
     for s_, c in cpu.items():
         if c:
             report += (f"\n{s_} daemon CPU per GiB of the big read: "
@@ -262,6 +271,32 @@ def main() -> int:
                                       "values": vals, "daemon_cpu_s_per_gib": cpu},
                                      indent=1))  # fmt: skip
     return 0
+
+
+def chart(vals: dict[str, dict[str, list[float]]], path: Path, label: str) -> None:
+    """Two panels (big object MiB/s, small files/s): a bar per system at the median of the
+    rounds, a dot per round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(vals)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (key, title) in zip(
+        axes, (("big", "one big object, cold sequential (MiB/s)"),
+               ("small", "small files, find | xargs cp (files/s)")), strict=True
+    ):  # fmt: skip
+        meds = [statistics.median(vals[n][key]) if vals[n][key] else 0.0 for n in names]
+        ax.bar(names, meds, color=["#2a7" if n == "airfs" else "#999" for n in names])
+        for i, n in enumerate(names):
+            ax.plot([i] * len(vals[n][key]), vals[n][key], "k.", markersize=5)
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle(f"issue 23, cold reads from S3 (SeaweedFS, loopback); {label}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> str:
