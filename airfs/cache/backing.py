@@ -131,13 +131,16 @@ class BackingFiles:
         io_limiter: trio.CapacityLimiter,
         warm: Callable[[CachedObject], Awaitable[int]],
         verified: Verified | None = None,
+        settle: Callable[[CachedObject], Awaitable[None]] | None = None,
     ) -> None:
         """``verified``: the records to use (the cache passes the ones its table's
-        ``on_dropped`` prunes); a fresh :class:`Verified` of ``cache_dir`` by default."""
+        ``on_dropped`` prunes); a fresh :class:`Verified` of ``cache_dir`` by default.
+        ``settle``: waits for an object's parts that are being written into its file."""
         self._table = table
         self._keeper = keeper
         self._limiter = io_limiter
         self._warm = warm
+        self._settle = settle
         self.verified = verified if verified is not None else Verified(cache_dir)
         #: counters for ``airfs status``
         self.verifications = 0
@@ -192,6 +195,9 @@ class BackingFiles:
                 # bytes whose checksums were just computed from the fetched buffer
                 written = await self._warm(obj) == obj.size and empty
                 self.fetched_whole += 1
+            if self._settle is not None:
+                # parts whose bytes are in but still being written: complete in a moment
+                await self._settle(obj)
             if not self._complete(obj) or obj.dead:
                 raise LookupError
             fd = t.files.fd(obj)

@@ -167,6 +167,7 @@ class CachedReadPath:
             io_limiter,
             functools.partial(self._fetcher.warm, urgent=True),  # an open waits for it
             verified,
+            self._fetcher.settle,
         )
         self._readers: set[CachedReader] = set()
         hits = HitReader(self._table, self.stats)

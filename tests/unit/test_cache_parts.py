@@ -53,16 +53,18 @@ def data_files(cache_dir: Path) -> list[str]:
 
 
 class HeldWrites:
-    """Makes the cache-file writes of the fetch engine wait until :meth:`release`."""
+    """Makes the cache-file writes of the fetch engine of more than ``over`` bytes wait until
+    :meth:`release`."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, over: int = 0) -> None:
         self._go = threading.Event()
         self.waiting = 0
         real: Callable[..., None] = fetch_mod.write_all
 
         def held(fd: int, data: Any, offset: int) -> None:
-            self.waiting += 1
-            self._go.wait(30)
+            if len(data) > over:
+                self.waiting += 1
+                self._go.wait(30)
             real(fd, data, offset)
 
         monkeypatch.setattr(fetch_mod, "write_all", held)
@@ -326,3 +328,38 @@ async def test_a_small_file_at_open_does_not_queue_behind_prefetch(tmp_path: Pat
         lf.release()
         assert gate.blocked == 1  # the warm is still waiting for its first part
         gate.open()
+
+
+async def test_an_open_right_after_a_cold_read_waits_for_the_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file just read whole, whose last parts are still being written into the cache file,
+    is complete a moment later: an open for passthrough waits for those writes (settle) and
+    gets the file, rather than finding blocks in flight and serving it through the daemon."""
+    part = 4 * MiB
+    mo = MemoryOrigin()
+    data = blob(2 * part, seed=10)
+    mo.put_bytes("f", data)
+    obj = ref(mo, "f")
+    held = HeldWrites(monkeypatch, over=INLINE_WRITE_MAX)  # the write-behind jobs only
+    async with cached(mo, tmp_path, part_size=part) as rp:
+        r = rp.open(obj)
+        with trio.fail_after(20):
+            assert await r.read(0, part) == data[:part]
+            assert await r.read(part, part) == data[part:]
+        r.close()
+        got: list[Any] = []
+
+        async def open_it() -> None:
+            got.append(await rp.local_file(obj))
+
+        async with trio.open_nursery() as n:
+            n.start_soon(open_it)
+            with trio.fail_after(20):
+                while held.waiting == 0:
+                    await trio.sleep(0.005)
+            held.release()
+        (lf,) = got
+        assert lf is not None
+        assert os.pread(lf.fd, obj.size + 1, 0) == data
+        lf.release()
