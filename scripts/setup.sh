@@ -19,6 +19,12 @@ command -v unshare >/dev/null && command -v nsenter >/dev/null || need_apt+=(uti
 command -v rsync >/dev/null || need_apt+=(rsync)
 # PySpark (the tables tests run it in local mode) needs a Java runtime
 command -v java >/dev/null || need_apt+=(openjdk-17-jre-headless)
+# benchmarks only (scripts/bench/cold_s3.py's peers, never needed by the tests):
+# AIRFS_BENCH_PEERS=1 scripts/setup.sh
+if [ "${AIRFS_BENCH_PEERS:-0}" = 1 ]; then
+  command -v s3fs >/dev/null || need_apt+=(s3fs)
+  command -v rclone >/dev/null || need_apt+=(rclone)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "airfs setup: missing system packages: ${need_apt[*]} (run as root or install them)" >&2

@@ -71,6 +71,8 @@ class Verified:
         self.path = os.path.join(cache_dir, "verified")
         self.data_dir = os.path.join(cache_dir, "data")
         self.records: dict[str, tuple[int, int]] = {}
+        #: lines of records made by :meth:`add_soon`, not in the file yet
+        self.pending: list[str] = []
 
     def load(self) -> None:
         """Read and compact the records (blocking: call from a worker thread)."""
@@ -100,9 +102,22 @@ class Verified:
 
     def add(self, name: str, st: os.stat_result) -> None:
         """Record ``name`` as verified in state ``st`` (blocking: one appended line)."""
+        self.add_soon(name, st)
+        self.write_pending()
+
+    def add_soon(self, name: str, st: os.stat_result) -> None:
+        """Record ``name`` as verified in state ``st`` now; its line is appended to the file
+        by the next :meth:`write_pending` (a record lost in a crash only costs a verification
+        after the restart)."""
         self.records[name] = (st.st_size, st.st_ctime_ns)
-        with open(self.path, "a", encoding="ascii") as f:
-            f.write(f"{name} {st.st_size} {st.st_ctime_ns}\n")
+        self.pending.append(f"{name} {st.st_size} {st.st_ctime_ns}\n")
+
+    def write_pending(self) -> None:
+        """Append the lines of the records added since the last call (blocking)."""
+        lines, self.pending = self.pending, []
+        if lines:
+            with open(self.path, "a", encoding="ascii") as f:
+                f.writelines(lines)
 
 
 class BackingFiles:
@@ -116,18 +131,41 @@ class BackingFiles:
         io_limiter: trio.CapacityLimiter,
         warm: Callable[[CachedObject], Awaitable[int]],
         verified: Verified | None = None,
+        settle: Callable[[CachedObject], Awaitable[None]] | None = None,
     ) -> None:
         """``verified``: the records to use (the cache passes the ones its table's
-        ``on_dropped`` prunes); a fresh :class:`Verified` of ``cache_dir`` by default."""
+        ``on_dropped`` prunes); a fresh :class:`Verified` of ``cache_dir`` by default.
+        ``settle``: waits for an object's parts that are being written into its file."""
         self._table = table
         self._keeper = keeper
         self._limiter = io_limiter
         self._warm = warm
+        self._settle = settle
         self.verified = verified if verified is not None else Verified(cache_dir)
         #: counters for ``airfs status``
         self.verifications = 0
         self.verify_failures = 0
         self.fetched_whole = 0
+        self._recorded = trio.Event()  # set when records wait for write_pending
+
+    async def run_recorder(self) -> None:
+        """Append the verified records made without a thread job (:meth:`_check` of a file
+        this cache just wrote whole) in batches, one worker-thread job each, until cancelled;
+        what is still pending then is written by :meth:`close`."""
+        while True:
+            await self._recorded.wait()
+            self._recorded = trio.Event()
+            try:
+                await trio.to_thread.run_sync(self.verified.write_pending, limiter=self._limiter)
+            except OSError as exc:
+                log.warning("cache: cannot record verified files: %s", exc)
+
+    def close(self) -> None:
+        """Write the pending verified records (blocking)."""
+        try:
+            self.verified.write_pending()
+        except OSError as exc:
+            log.warning("cache: cannot record verified files: %s", exc)
 
     def _complete(self, obj: CachedObject) -> bool:
         have = obj.have
@@ -149,16 +187,23 @@ class BackingFiles:
         obj.pins += 1
         try:
             await self._keeper.ensure_loaded(obj)
+            written = False
             if not self._complete(obj) and ref.size <= fetch_max and not busy:
                 t.touch(obj)
-                await self._warm(obj)
+                empty = obj.cached == 0
+                # every block fetched by this warm, none by anyone else: the file holds the
+                # bytes whose checksums were just computed from the fetched buffer
+                written = await self._warm(obj) == obj.size and empty
                 self.fetched_whole += 1
+            if self._settle is not None:
+                # parts whose bytes are in but still being written: complete in a moment
+                await self._settle(obj)
             if not self._complete(obj) or obj.dead:
                 raise LookupError
             fd = t.files.fd(obj)
             if fd < 0:
                 raise LookupError
-            if not await self._check(obj, fd):
+            if not await self._check(obj, fd, written=written):
                 raise LookupError
         except LookupError:
             obj.pins -= 1
@@ -181,12 +226,20 @@ class BackingFiles:
 
         return LocalFile(fd, f"cache:{obj.file_name()}", release)
 
-    async def _check(self, obj: CachedObject, fd: int) -> bool:
+    async def _check(self, obj: CachedObject, fd: int, *, written: bool = False) -> bool:
+        """Whether the complete file ``fd`` of ``obj`` is verified; read and checked when not
+        recorded as verified in its state. ``written``: the cache wrote every byte of it just
+        now from buffers it checksummed (a small file fetched whole at open): recorded as
+        verified in the state it has now, without reading it back."""
         name = obj.file_name()
         st = os.fstat(fd)
         if st.st_size != obj.size:
             return False
         if self.verified.matches(name, st):
+            return True
+        if written:
+            self.verified.add_soon(name, st)
+            self._recorded.set()
             return True
         crcs = obj.crcs
         assert crcs is not None

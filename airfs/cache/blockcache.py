@@ -36,6 +36,7 @@ and the :class:`~airfs.core.readpath.ReadPath` interface.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import AsyncIterator
 from typing import Required, TypedDict, Unpack
@@ -160,7 +161,13 @@ class CachedReadPath:
         )
         self._budget = self._fetcher.budget
         self.backing = BackingFiles(
-            self.cache_dir, self._table, self._keeper, io_limiter, self._fetcher.warm, verified
+            self.cache_dir,
+            self._table,
+            self._keeper,
+            io_limiter,
+            functools.partial(self._fetcher.warm, urgent=True),  # an open waits for it
+            verified,
+            self._fetcher.settle,
         )
         self._readers: set[CachedReader] = set()
         hits = HitReader(self._table, self.stats)
@@ -222,6 +229,7 @@ class CachedReadPath:
                 nursery.start_soon(self._keeper.run_flusher)
                 nursery.start_soon(self._files.run)
                 nursery.start_soon(self._keeper.remove_orphans)
+                nursery.start_soon(self.backing.run_recorder)
                 task_status.started()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -244,6 +252,7 @@ class CachedReadPath:
 
     async def _shutdown(self) -> None:
         await self._files.drain()
+        await trio.to_thread.run_sync(self.backing.close)
         await self._keeper.close()  # the final flush, then the index
         for obj in self._table.objects.values():
             if not obj.io:
@@ -390,6 +399,7 @@ class CachedReadPath:
             inflight_bytes=self._budget.used,
             inflight_peak_bytes=self._budget.peak,
             inflight_budget=self._budget.limit,
+            inflight_waits=self._budget.waits,
             readers_open=len(self._readers),
             index_pending=t.pending(),
             index_flushes=s.index_flushes,

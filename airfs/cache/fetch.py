@@ -17,7 +17,10 @@ and readers wait on ``part.done`` and are served from ``part.data``. Kinds:
 
 Each part reads the origin in a worker thread (within the origin's limiter; transient errors
 are retried by :meth:`~airfs.origin.aio.AsyncOrigin.call`, backing off on the loop) which also
-checksums the bytes and writes them into the cache file; the blocks are then
+checksums the bytes (once: the checksums committed are those of the bytes served) and, for a
+part of at most :data:`INLINE_WRITE_MAX` bytes, writes them into the cache file. A bigger part
+answers its waiting reads from its buffer as soon as it is checked (``done``), and a second
+worker-thread job writes the same buffer into the cache file (``stored``); the blocks are then
 committed to the :class:`~airfs.cache.objects.ObjectTable`. When no room can be reserved the
 bytes are served but not kept (``uncached_bytes``). Every byte belongs to the part's object
 version: an origin that no longer has it raises :class:`~airfs.origin.base.Conflict`.
@@ -52,7 +55,12 @@ from .store import (
     write_all,
 )
 
-__all__ = ["FetchKind", "Fetcher", "Part"]
+__all__ = ["INLINE_WRITE_MAX", "FetchKind", "Fetcher", "Part"]
+
+#: Parts up to this size are written into the cache file by the fetch's own worker-thread job
+#: (one thread round trip); bigger ones are answered from memory first and written by a second
+#: job (the write of 8 MiB costs more than the extra round trip)
+INLINE_WRITE_MAX = 1 << 20
 
 log = logging.getLogger(__name__)
 
@@ -67,8 +75,11 @@ class FetchKind(enum.Enum):
 class Part:
     """A run of blocks ``[b0, b1)`` being fetched (or adopted) once for everyone who needs it.
 
-    ``done`` is set when it ended; then ``error`` is its failure (raised to the reads that
-    waited), or ``data`` its bytes (None: stored, not kept in memory; read the cache file)."""
+    ``done`` is set when its bytes are known: then ``error`` is its failure (raised to the
+    reads that waited), or ``data`` its checked bytes (None: stored, not kept in memory; read
+    the cache file). ``stored`` is set when it ended: its blocks are committed to the table
+    (or it failed) and no longer map to it. Between the two a worker thread writes ``data``
+    into the cache file while reads of its blocks are answered from ``data``."""
 
     __slots__ = (
         "b0",
@@ -84,6 +95,7 @@ class Part:
         "reader",
         "start",
         "started",
+        "stored",
         "urgent",
     )
 
@@ -101,6 +113,7 @@ class Part:
         self.needed = kind is not FetchKind.PREFETCH  # must not be abandoned
         self.started = False
         self.done = trio.Event()
+        self.stored = trio.Event()
         self.data: bytes | None = None
         self.error: BaseException | None = None
 
@@ -209,6 +222,9 @@ class Fetcher:
                             log.warning("cache: cannot create file for %s: %s", obj.path, exc)
                 obj.io += 1
                 new_fd = -1
+                # small parts (and files created by the fetch) are written in the fetch's
+                # own thread job; bigger ones after their waiters are answered
+                inline = bool(create) or n <= INLINE_WRITE_MAX
                 try:
                     # one job per attempt, retried by the origin's one policy (backoff on
                     # the loop, outside the origin's limiter)
@@ -221,6 +237,7 @@ class Fetcher:
                         fd,
                         create,
                         obj.size,
+                        inline,
                         what=f"read {obj.path}",
                         op="read",
                         abandon=False,  # it may be writing the cache file
@@ -233,23 +250,41 @@ class Fetcher:
                             obj.fd, obj.file_created = new_fd, True
                         ev, obj.creating = obj.creating, None
                         ev.set()
-            s.origin_requests += 1
-            s.origin_bytes_read += n
-            if part.kind is FetchKind.PREFETCH:
-                s.prefetch_bytes += n
+                s.origin_requests += 1
+                s.origin_bytes_read += n
+                if part.kind is FetchKind.PREFETCH:
+                    s.prefetch_bytes += n
+                write_later = not inline and fd >= 0 and crcs is not None
+            if write_later:
+                # the bytes are checked: the reads waiting for them are answered from this
+                # buffer now, while a worker thread writes it into the cache file (the
+                # blocks stay in flight, mapped to this part, until it is written)
+                part.data = data
+                part.done.set()
+                obj.io += 1
+                try:
+                    stored = await trio.to_thread.run_sync(
+                        self._write_job, obj.path, fd, data, part.start, limiter=self._io_limiter
+                    )
+                finally:
+                    obj.io -= 1
+                if not stored:
+                    crcs = None
             if crcs is not None and not obj.dead:
                 mark = PREFETCHED if part.kind is FetchKind.PREFETCH else PRESENT
                 t.commit(obj, part.b0, part.b1, crcs, mark)
                 reserved = 0
             else:
                 s.uncached_bytes += n
-            if part.kind is not FetchKind.WARM or crcs is None:
-                part.data = data
+            # a warmed part that is stored is not kept in memory: later reads take the file
+            part.data = None if part.kind is FetchKind.WARM and crcs is not None else data
         except trio.Cancelled:
-            part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
+            if not part.done.is_set():
+                part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
             raise
         except Exception as exc:
-            part.error = exc
+            if not part.done.is_set():
+                part.error = exc
             if part.kind is not FetchKind.DEMAND:
                 log.debug("%s fetch of %s failed: %s", part.kind.value, obj.path, exc)
         finally:
@@ -262,6 +297,7 @@ class Fetcher:
                 if inflight.get(b) is part:
                     del inflight[b]
             part.done.set()
+            part.stored.set()
             t.maybe_release(obj)
 
     def _fetch_job(
@@ -273,10 +309,12 @@ class Fetcher:
         fd: int,
         create: str,
         size: int,
+        store: bool,
     ) -> tuple[bytes, array[int] | None, int]:
-        """Worker thread, one attempt: read a range from the origin, then checksum it and
-        write it into the cache file — ``fd``, or a new file at ``create`` (of ``size``
-        bytes) whose descriptor is returned; neither: do not store."""
+        """Worker thread, one attempt: read a range from the origin and checksum it; with
+        ``store``, write it into the cache file too — ``fd``, or a new file at ``create`` (of
+        ``size`` bytes) whose descriptor is returned. The checksums are None when the bytes
+        are not to be stored (neither ``fd`` nor ``create``, or the write failed)."""
         data = self._origin.sync.read_range(path, start, n, version)
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
@@ -287,19 +325,39 @@ class Fetcher:
             if fd < 0:
                 return data, None, new_fd
             crcs = checksums(data, self._cs)
-            allocate(fd, start, n)
-            write_all(fd, data, start)
+            if store:
+                allocate(fd, start, n)
+                write_all(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)
             return data, None, new_fd
         return data, crcs, new_fd
 
+    @staticmethod
+    def _write_job(path: str, fd: int, data: bytes, start: int) -> bool:
+        """Worker thread: write checked bytes into the cache file; False if that failed."""
+        try:
+            allocate(fd, start, len(data))
+            write_all(fd, data, start)
+        except OSError as exc:
+            log.warning("cache: write to cache file of %s failed: %s", path, exc)
+            return False
+        return True
+
     # -- whole objects ---------------------------------------------------------------------
 
-    async def warm(self, obj: CachedObject) -> int:
+    async def settle(self, obj: CachedObject) -> None:
+        """Wait until the parts of ``obj`` whose bytes are in (``done``) are written into the
+        cache file and committed (``stored``): a few milliseconds at most, no origin wait."""
+        writing = {id(p): p for p in obj.inflight.values() if p.done.is_set()}
+        for p in writing.values():
+            await p.stored.wait()
+
+    async def warm(self, obj: CachedObject, *, urgent: bool = False) -> int:
         """Fetch every block of the loaded, pinned ``obj`` not cached yet (waiting for parts
         already in flight); the bytes this call read from the origin. Raises the first error
-        of any part waited for."""
+        of any part waited for. ``urgent``: an open waits for it (a small file fetched whole
+        at open): its parts skip the budget queue and the prefetch slots, as a read's do."""
         have, inflight = obj.have, obj.inflight
         assert have is not None
         theirs: dict[int, Part] = {}
@@ -312,9 +370,15 @@ class Fetcher:
                 0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight
             )
         ]
+        if urgent:
+            for p in [*mine, *theirs.values()]:
+                if not p.started:
+                    p.urgent = True
+            if theirs:
+                self.budget.poke()
         error: BaseException | None = None
         for p in [*mine, *theirs.values()]:
-            await p.done.wait()
+            await p.stored.wait()
             if p.error is not None and error is None:
                 error = p.error
         if error is not None:
@@ -372,6 +436,7 @@ class Fetcher:
                     if inflight.get(b) is p:
                         del inflight[b]
                 p.done.set()
+                p.stored.set()
 
     def _adopt_job(
         self, local_file: str, size: int, fd: int, ranges: list[tuple[int, int]], whole: bool

@@ -6,15 +6,17 @@ and raises :class:`CacheInUse` if another process holds it.
 Databases:
 
 ``info``
-    ``b"format"`` → JSON with the format version, block size and checksum chunk size. A cache
-    written with other values is wiped when opened.
+    ``b"format"`` → JSON with the format version, block size, checksum chunk size and checksum
+    algorithm (``"checksum"``: :data:`~airfs.cache.store.CHECKSUM`; format 1 had none and
+    meant zlib's CRC-32). A cache written with other values is wiped when opened (its files
+    are then orphans, removed by the start-up sweep).
 ``meta``
     object key (16 bytes) → ``<QQQQ`` (generation, size, cached bytes, last use in ns since the
     epoch) + ``path`` + ``\\0`` + ``version``. Small: all of it is loaded at start-up (it is what
     LRU eviction works on).
 ``map``
-    object key → ``<Q`` generation + one byte per block (present or not) + one ``<I`` CRC-32 per
-    checksum chunk. Loaded lazily, the first time an object is read after a start.
+    object key → ``<Q`` generation + one byte per block (present or not) + one ``<I`` checksum
+    per checksum chunk. Loaded lazily, the first time an object is read after a start.
 
 The in-memory state is authoritative while the daemon runs; the index is its mirror, written in
 batches (:meth:`write_batch`, one transaction for everything that changed since the previous
@@ -37,9 +39,12 @@ from dataclasses import dataclass
 
 import lmdb
 
+from .store import CHECKSUM
+
 __all__ = ["CacheDamaged", "CacheInUse", "CacheIndex", "ObjectRecord", "set_aside"]
 
-FORMAT = 1
+#: 2: chunk checksums are CRC-32C (1: zlib's CRC-32)
+FORMAT = 2
 _META = struct.Struct("<QQQQ")
 _GEN = struct.Struct("<Q")
 
@@ -205,11 +210,17 @@ class CacheIndex:
         self._info = self.env.open_db(b"info")
         self._meta = self.env.open_db(b"meta")
         self._map = self.env.open_db(b"map")
-        want = {"format": FORMAT, "block_size": block_size, "chunk_size": chunk_size}
+        want = {
+            "format": FORMAT,
+            "block_size": block_size,
+            "chunk_size": chunk_size,
+            "checksum": CHECKSUM,
+        }
         with self.env.begin(write=True) as txn:
             raw = txn.get(b"format", db=self._info)
             cur = json.loads(raw) if raw else None
-            #: True when an existing index was discarded (other format or block size).
+            #: True when an existing index was discarded (other format, block size or
+            #: checksum).
             self.wiped = cur is not None and cur != want
             if cur != want:
                 txn.drop(self._meta, delete=False)

@@ -33,6 +33,8 @@ How the window behaves
   the cache file; prefetch parts wait while the budget is spent, so memory held by fetches in
   flight stays under the budget (a demand fetch — one a read is waiting on — never waits: it is
   counted but admitted at once, and a waiting prefetch part that a read now needs is promoted).
+  A part keeps its bytes until they are written, also after its reads were answered from them,
+  so beyond the budget a reader holds at most the part its read waits for and the one before.
 """
 
 from __future__ import annotations

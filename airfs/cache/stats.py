@@ -86,7 +86,9 @@ class CacheStatistics:
     that waited for a prefetch in flight), ``prefetch_resets`` (streams broken by far jumps),
     ``prefetch_abandoned`` (queued prefetches dropped after a jump/close).
 
-    Now: ``inflight_bytes`` (fetches in flight), ``inflight_peak_bytes``, ``inflight_budget``;
+    Now: ``inflight_bytes`` (fetched bytes held in memory: fetches in flight and parts not yet
+    written into the cache file), ``inflight_peak_bytes``, ``inflight_budget``;
+    ``inflight_waits`` (prefetch parts that waited for the budget);
     ``readers_open``; ``index_pending`` (objects not yet written to the index),
     ``index_flushes`` (index transactions).
     """
@@ -121,6 +123,7 @@ class CacheStatistics:
     inflight_bytes: int
     inflight_peak_bytes: int
     inflight_budget: int
+    inflight_waits: int
     readers_open: int
     index_pending: int
     index_flushes: int

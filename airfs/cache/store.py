@@ -26,9 +26,10 @@ import errno
 import fcntl
 import hashlib
 import os
-import zlib
 from array import array
 from typing import TYPE_CHECKING, Any
+
+from crc32c import crc32c
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -163,21 +164,26 @@ class CachedObject:
         return f"{h[:2]}/{h}.{self.gen:x}"
 
 
+#: The chunk checksum, recorded in the index's format (a cache written with another is wiped
+#: when opened): CRC-32C, in hardware where the CPU has it (SSE 4.2, ARMv8 CRC), ~20 GB/s
+#: against zlib's CRC-32 at ~1 GB/s here, and it releases the GIL.
+CHECKSUM = "crc32c"
+
+
 def checksums(data: bytes | bytearray | memoryview, chunk_size: int) -> array[int]:
-    """CRC-32 of each ``chunk_size`` piece of ``data`` (the last may be short)."""
+    """CRC-32C of each ``chunk_size`` piece of ``data`` (the last may be short)."""
     mv = memoryview(data)
-    return array("I", (zlib.crc32(mv[i : i + chunk_size]) for i in range(0, len(mv), chunk_size)))
+    return array("I", [crc32c(mv[i : i + chunk_size]) for i in range(0, len(mv), chunk_size)])
 
 
 def bad_chunks(
     buf: memoryview, first_chunk: int, chunk_size: int, expected: Sequence[int]
 ) -> list[int]:
-    """Indices (absolute) of the chunks of ``buf`` whose CRC-32 differs from ``expected``
+    """Indices (absolute) of the chunks of ``buf`` whose CRC-32C differs from ``expected``
     (``expected[i]`` belongs to chunk ``first_chunk + i``)."""
     bad = []
-    crc32 = zlib.crc32
     for i, want in enumerate(expected):
-        if crc32(buf[i * chunk_size : (i + 1) * chunk_size]) != want:
+        if crc32c(buf[i * chunk_size : (i + 1) * chunk_size]) != want:
             bad.append(first_chunk + i)
     return bad
 

@@ -1,0 +1,201 @@
+#!/usr/bin/env python3
+"""Issue 23's slow-POSIX row, without FUSE: a cold sequential read through the block cache from
+an origin that adds ``--latency`` (default 2 ms) to every ``--origin-request-kib`` (128 KiB) of
+a read (an NFS-like client: a 8 MiB read is 64 such requests in a row), against eight parallel 8 MiB
+``pread``-like range reads of the same origin, interleaved round by round (``--rounds``).
+
+The reader asks ``--request-kib`` (128 KiB: the kernel's FUSE read size) with ``--depth``
+requests outstanding (the kernel's readahead keeps a few in flight). The read path runs with
+its *defaults* unless ``--block-kib`` / ``--part-mib`` / ``--max-window-mib`` are given, so a
+run from an older checkout (``PYTHONPATH=/old/tree``) measures that checkout's defaults too:
+it imports ``airfs`` from wherever ``PYTHONPATH`` points (both module layouts are handled).
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench/slow_posix.py --size-mib 512 --rounds 3
+
+Prints one JSON object: every round's MiB/s, the process's CPU seconds per GiB of the cold read
+(all threads, the origin's own copies included: on a busy machine a steadier figure than MiB/s)
+and the ratio of the medians. The origin's file
+sits in the page cache (the origin is "fast storage behind the latency").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import tempfile
+import time
+from typing import Any
+
+import trio
+
+from airfs.cache import CachedReadPath
+from airfs.origin.aio import AsyncOrigin
+from airfs.origin.latency import LatencyOrigin
+from airfs.origin.posix import PosixOrigin
+
+try:
+    from airfs.core.readpath import ObjectRef
+except ImportError:  # the first landing's layout
+    from airfs.readpath import ObjectRef  # type: ignore[import-not-found,no-redef]
+
+MiB = 1 << 20
+
+
+class PerRequestOrigin(LatencyOrigin):
+    """NFS-like: a read of ``n`` bytes is ``ceil(n / request)`` requests one after the other,
+    each ``latency_s`` long (what an NFS client with ``rsize=128K`` does for one ``pread``)."""
+
+    def __init__(self, inner: Any, latency_s: float, request: int) -> None:
+        super().__init__(inner, 0.0)
+        self.per_request = latency_s
+        self.request = request
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        data = super().read_range(path, offset, size, version)
+        time.sleep(self.per_request * max(1, -(-len(data) // self.request)))
+        return data
+
+
+def make_file(path: str, size: int) -> None:
+    if os.path.exists(path) and os.path.getsize(path) == size:
+        return
+    chunk = os.urandom(64 * MiB)
+    with open(path, "wb") as f:
+        left = size
+        while left:
+            n = min(left, len(chunk))
+            f.write(chunk[:n])
+            left -= n
+
+
+def prime(work: str, nbytes: int) -> None:
+    """Recycle ``nbytes`` of page-cache memory first: writing into memory a VM never touched is
+    slow where it is mapped in lazily (see readpath_micro.py)."""
+    path = os.path.join(work, "prime.tmp")
+    chunk = bytes(64 * MiB)
+    with open(path, "wb") as f:
+        for _ in range(max(1, nbytes // len(chunk))):
+            f.write(chunk)
+    os.unlink(path)
+
+
+async def sequential(reader: Any, size: int, req: int, depth: int) -> float:
+    t = time.perf_counter()
+    nxt = 0
+
+    async def worker() -> None:
+        nonlocal nxt
+        while nxt < size:
+            off = nxt
+            nxt += req
+            data = await reader.read(off, req)
+            assert len(data) == min(req, size - off)
+
+    async with trio.open_nursery() as n:
+        for _ in range(depth):
+            n.start_soon(worker)
+    return size / MiB / (time.perf_counter() - t)
+
+
+async def parallel_ranges(origin: AsyncOrigin, obj: ObjectRef, part: int, width: int) -> float:
+    t = time.perf_counter()
+    lim = trio.CapacityLimiter(width)
+
+    async def one(off: int) -> None:
+        async with lim:
+            assert await origin.read_range(obj.path, off, part, obj.version)
+
+    async with trio.open_nursery() as n:
+        for off in range(0, obj.size, part):
+            n.start_soon(one, off)
+    return obj.size / MiB / (time.perf_counter() - t)
+
+
+async def main(a: argparse.Namespace) -> dict[str, Any]:
+    work = a.dir or tempfile.mkdtemp(prefix="airfs-slowposix-")
+    root = os.path.join(work, "origin")
+    os.makedirs(root, exist_ok=True)
+    size = a.size_mib * MiB
+    make_file(os.path.join(root, "big.bin"), size)
+    sync = PerRequestOrigin(PosixOrigin(root), a.latency, a.origin_request_kib << 10)
+    origin = AsyncOrigin(sync, concurrency=64)
+    e = sync.stat("big.bin")
+    obj = ObjectRef("big.bin", e.version, e.size)
+    opts: dict[str, Any] = {"cache_size": 2 * size + 64 * MiB}
+    if a.block_kib:
+        opts["block_size"] = a.block_kib << 10
+    if a.part_mib:
+        opts["part_size"] = a.part_mib * MiB
+    if a.max_window_mib:
+        opts["max_window"] = a.max_window_mib * MiB
+    cache = os.path.join(work, "cache")
+    if a.prime:
+        await trio.to_thread.run_sync(prime, work, 2 * size)
+    cold: list[float] = []
+    par: list[float] = []
+    cpu_s_per_gib: list[float] = []
+    stats: dict[str, Any] = {}
+    for _ in range(a.rounds):
+        if a.baseline:
+            par.append(round(await parallel_ranges(origin, obj, 8 * MiB, 8), 1))
+        shutil.rmtree(cache, ignore_errors=True)
+        async with CachedReadPath.running(origin, cache, **opts) as rp:
+            r = rp.open(obj)
+            ru0 = resource.getrusage(resource.RUSAGE_SELF)
+            cold.append(round(await sequential(r, size, a.request_kib << 10, a.depth), 1))
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = ru1.ru_utime - ru0.ru_utime + ru1.ru_stime - ru0.ru_stime
+            cpu_s_per_gib.append(round(cpu / (size / (1 << 30)), 2))
+            r.close()
+            st = rp.statistics()
+            d = st if isinstance(st, dict) else st.to_dict()
+            stats = {
+                k: d.get(k)
+                for k in ("origin_requests", "prefetch_window_max", "prefetch_waits",
+                          "inflight_peak_bytes")
+            }  # fmt: skip
+    if not a.dir:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "latency_s": a.latency,
+        "size_mib": a.size_mib,
+        "request_kib": a.request_kib,
+        "depth": a.depth,
+        "opts": {k: v for k, v in opts.items() if k != "cache_size"},
+        "cold_mib_s": cold,
+        "parallel8x8MiB_mib_s": par,
+        "cold_cpu_s_per_gib": cpu_s_per_gib,
+        "ratio": round(statistics.median(cold) / statistics.median(par), 2) if par else None,
+        "last_stats": stats,
+    }
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--dir", help="work directory (default: a temporary one, removed after)")
+    ap.add_argument("--size-mib", type=int, default=1024)
+    ap.add_argument("--latency", type=float, default=0.002)
+    ap.add_argument("--request-kib", type=int, default=128, help="the reader's request size")
+    ap.add_argument(
+        "--origin-request-kib",
+        type=int,
+        default=128,
+        help="the origin's request size: each costs --latency",
+    )
+    ap.add_argument("--depth", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--block-kib", type=int, default=0, help="0: the read path's default")
+    ap.add_argument("--part-mib", type=int, default=0, help="0: the read path's default")
+    ap.add_argument("--max-window-mib", type=int, default=0, help="0: the read path's default")
+    ap.add_argument("--no-prime", dest="prime", action="store_false")
+    ap.add_argument(
+        "--no-baseline",
+        dest="baseline",
+        action="store_false",
+        help="skip the parallel reads (to profile the cached read alone)",
+    )
+    print(json.dumps(trio.run(main, ap.parse_args()), indent=2))
