@@ -3,8 +3,10 @@
 Every change the staging area makes to disk besides the bytes of a file (journal records, the
 record and path extended attributes of staging files, closing and deleting staging files) is
 *queued* here by the trio loop, in the order the area makes it, and applied by
-:meth:`DiskQueue.settle` in one worker thread job per batch: the loop never waits for LMDB, an
-``fsetxattr`` or an ``unlink``.
+:meth:`DiskQueue.settle` one batch at a time: a small batch on the loop itself while the disk
+is fast, anything else (a batch of more than :data:`LOOP_MAX_OPS` changes, one deleting a file
+of more than :data:`LOOP_UNLINK_MAX` bytes, a ``sync``, any batch while the disk is slow) in one
+worker-thread job (:mod:`airfs.writeback.applier`, which also says the stall guard).
 
 Contracts:
 
@@ -33,19 +35,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import trio
 
+from .applier import Applier, ApplierStats
 from .journal import Journal, Record
 
-__all__ = ["DiskQueue", "QueueStats"]
+__all__ = ["LOOP_MAX_OPS", "LOOP_UNLINK_MAX", "DiskQueue", "QueueStats"]
 
 #: cleanup changes (closes, unlinks) queued beyond which an operation settles even if it
 #: queued nothing durable (bounds the descriptors and files waiting to be dropped)
 CLEANUP_BACKLOG = 256
+#: batches of at most this many changes may be applied on the loop (a close queues 3 or 4)
+LOOP_MAX_OPS = 64
+#: a batch deleting a file larger than this (freeing its blocks can take a while), or a file
+#: of unknown size, is applied in a worker thread
+LOOP_UNLINK_MAX = 1 << 20
 
 _JOURNAL, _SETX, _RMX, _UNLINK, _DROP = range(5)
 
@@ -59,6 +68,8 @@ class QueueStats:
     applied: int
     failures: int
     last_error: str | None
+    #: where the batches ran (:mod:`airfs.writeback.applier`)
+    applier: ApplierStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,14 +84,17 @@ class _Op:
     name: str = ""
     value: bytes = b""
     path: str = ""
+    size: int = -1  # bytes of the file an unlink or drop deletes (-1: unknown)
 
 
 class DiskQueue:
     """Queued disk changes of one staging area (see the module docstring). Enqueue from the
     trio loop only."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, applier: Applier | None = None) -> None:
         self.journal = journal
+        #: where batches run (on the loop while the disk is fast, else in a worker thread)
+        self.applier = applier if applier is not None else Applier()
         self._ops: list[_Op] = []
         self._queued = 0  # ops ever queued
         self._applied = 0
@@ -116,10 +130,10 @@ class DiskQueue:
         """Delete the file ``path`` (staging file ``rid``'s, or a kept older copy)."""
         self._put(_UNLINK, frozenset((rid,)), False, path=path)
 
-    def drop(self, path: str, fd: int, rid: str) -> None:
-        """Delete staging file ``rid`` at ``path`` and close ``fd``, after every change
-        queued before it (which may use ``fd``)."""
-        self._put(_DROP, frozenset((fd, rid)), False, path=path, fd=fd)
+    def drop(self, path: str, fd: int, rid: str, size: int = -1) -> None:
+        """Delete staging file ``rid`` at ``path`` (``size`` bytes on disk; -1: unknown)
+        and close ``fd``, after every change queued before it (which may use ``fd``)."""
+        self._put(_DROP, frozenset((fd, rid)), False, path=path, fd=fd, size=size)
 
     @property
     def mark(self) -> int:
@@ -149,8 +163,9 @@ class DiskQueue:
             batch, self._ops = self._ops, []
             try:
                 with trio.CancelScope(shield=True):  # the accounting below must follow it
-                    kept, exc = await trio.to_thread.run_sync(
-                        apply_batch, self.journal, batch, sync
+                    kept, exc = await self.applier.run(
+                        functools.partial(apply_batch, self.journal, batch, sync),
+                        small=not sync and is_small(batch),
                     )
             except BaseException:
                 self._ops = batch + self._ops  # a bug: keep everything, say it
@@ -181,8 +196,25 @@ class DiskQueue:
 
     def statistics(self) -> QueueStats:
         return QueueStats(
-            len(self._ops), self.batches, self._applied, self.failures, self.last_error
+            len(self._ops),
+            self.batches,
+            self._applied,
+            self.failures,
+            self.last_error,
+            self.applier.statistics(),
         )
+
+    def close(self) -> None:
+        """Stop the applier's thread (nothing is applied after; see :meth:`settle_now`)."""
+        self.applier.close()
+
+
+def is_small(batch: list[_Op]) -> bool:
+    """Whether ``batch`` may be applied on the loop (while the disk is fast): few changes,
+    and no file to delete that is large or of unknown size."""
+    return len(batch) <= LOOP_MAX_OPS and all(
+        0 <= op.size <= LOOP_UNLINK_MAX for op in batch if op.kind in (_UNLINK, _DROP)
+    )
 
 
 def apply_batch(journal: Journal, batch: list[_Op], sync: bool) -> tuple[list[_Op], OSError | None]:

@@ -28,8 +28,9 @@ A :class:`Staged` version is:
 
 Every state change that must survive a crash is queued for the journal by the method that
 makes it, in the same call, and is on disk once :meth:`StagingArea.settle` returns (the
-filesystem core settles at the end of each operation; :mod:`airfs.writeback.diskq`). No journal
-transaction, attribute write, ``unlink`` or long ``pwrite`` runs on the trio loop. Counters
+filesystem core settles at the end of each operation; :mod:`airfs.writeback.diskq`: small
+batches on the loop while the disk is fast, the rest in a worker thread). No long ``pwrite``
+runs on the trio loop. Counters
 never go negative (checked). Space: dirty bytes are never evicted;
 :meth:`StagingArea.reserve` makes a writer wait for commits to free space, then fail with
 ENOSPC. Sizes are counted in allocated bytes, so a sparse file costs what it stores.
@@ -429,8 +430,8 @@ class StagingArea:
                 del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
-        self.bytes -= allocated(st)
-        self.disk.drop(st.file, st.fd, st.id)
+        self.bytes -= (size := allocated(st))
+        self.disk.drop(st.file, st.fd, st.id, size)
         self.notify()
         return True
 
@@ -501,6 +502,7 @@ class StagingArea:
                 self.disk.settle_now()
         except OSError as exc:
             log.error("staging: could not write the last journal changes: %s", exc)
+        self.disk.close()
         self.close_spares()
         for st in list(self.all.values()):
             with contextlib.suppress(OSError):
