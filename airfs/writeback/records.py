@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from .diskq import DiskQueue
-from .journal import PATH_XATTR, RECORD_XATTR, Record
+from .journal import DONE_XATTR, PATH_XATTR, RECORD_XATTR, Record
 from .versions import Staged
 
 __all__ = ["Records"]
@@ -86,3 +86,10 @@ class Records:
             self.disk.set_xattr(v.fd, RECORD_XATTR, rec.encode(), v.id)
         for v in gone:
             v.seq = None
+
+    def done(self, versions: Iterable[Staged]) -> None:
+        """``versions`` need nothing more (their file's commit landed): marked so, after
+        their records' deletion queued before, so that a crash while one is still staged
+        (open) does not keep it as a file open for writing."""
+        for v in versions:
+            self.disk.set_xattr(v.fd, DONE_XATTR, b"1", v.id)

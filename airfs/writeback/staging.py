@@ -352,6 +352,7 @@ class StagingArea:
         done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
         newer = ps.versions[i + 1 :]
         self.records.rewrite(newer, forget=done)
+        self.records.done(done)
         for v in done:
             if v is not st:
                 v.replaced_by = st
