@@ -11,8 +11,10 @@ the ``fsetxattr`` calls of a small batch, so a batch runs, by :attr:`Applier.mod
   ``sync``) and the guard says the disk is fast; the batch is timed, and one that took longer
   than :data:`SLOW_S` marks the disk slow for :data:`BACKOFF_S` (doubling, up to
   :data:`BACKOFF_MAX_S`, while it stays slow), during which every batch runs in a worker
-  thread (and is timed there: a slow disk keeps the backoff going). The worst a disk that
-  turns slow can do is stall the loop for the one batch that finds out.
+  thread (and is timed there: a slow disk keeps the backoff going). A batch's time leaves out
+  what its thread waited for a CPU (``/proc/thread-self/schedstat``): a busy machine is not a
+  slow disk. The worst a disk that turns slow can do is stall the loop for the one batch that
+  finds out.
 * ``"handoff"``: in a dedicated journal thread (kept started), the loop *waiting* for it at
   most :data:`SLOW_S` (blocked, not spinning); one not done by then is awaited off the loop
   and marks the disk slow (a stall of the loop is bounded by :data:`SLOW_S` even for a disk
@@ -27,6 +29,7 @@ docs/benchmarks.md "Issue 22: small writes").
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -86,6 +89,43 @@ class StallGuard:
             self._backoff = BACKOFF_S
 
 
+#: this thread's scheduler statistics: the second field is the time it waited for a CPU (ns)
+SCHEDSTAT = "/proc/thread-self/schedstat"
+
+
+def open_schedstat() -> int:
+    """A descriptor on the calling thread's :data:`SCHEDSTAT` (-1 where there is none)."""
+    try:
+        return os.open(SCHEDSTAT, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return -1
+
+
+def cpu_wait_s(fd: int) -> float:
+    """How long the thread of ``fd`` (:func:`open_schedstat`) has waited for a CPU, in
+    seconds: time a busy machine took from a batch, not the disk (0 without the file)."""
+    if fd < 0:
+        return 0.0
+    try:
+        return int(os.pread(fd, 64, 0).split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def timed(fn: Callable[[], T], fd: int) -> tuple[T, float]:
+    """``fn()`` and how long it took, less the time its thread waited for a CPU meanwhile
+    (read only when it took longer than :data:`SLOW_S`: a batch is slow by the disk, a
+    preempted one is not)."""
+    t, w = time.perf_counter(), cpu_wait_s(fd)
+    try:
+        out = fn()
+    finally:
+        took = time.perf_counter() - t
+        if took > SLOW_S:
+            took -= cpu_wait_s(fd) - w
+    return out, took
+
+
 class _Job(Generic[T]):
     def __init__(self, fn: Callable[[], T]) -> None:
         self.fn = fn
@@ -95,13 +135,16 @@ class _Job(Generic[T]):
         self.seconds = 0.0
 
     def run(self) -> None:
+        fd = open_schedstat()
         t = time.perf_counter()
         try:
-            self.result = self.fn()
+            self.result, self.seconds = timed(self.fn, fd)
         except BaseException as exc:  # handed back to the loop
             self.exc = exc
-        finally:
             self.seconds = time.perf_counter() - t
+        finally:
+            if fd >= 0:
+                os.close(fd)
             self.done.set()
 
     def outcome(self) -> T:
@@ -145,6 +188,7 @@ class Applier:
         self.guard = StallGuard(clock)
         self._thread = _JournalThread()
         self._on_loop = 0
+        self._loop_fd = -2  # the loop thread's schedstat, opened on first use
         self._handed = 0
         self._threaded = 0
 
@@ -153,12 +197,17 @@ class Applier:
         fast. The caller shields it from cancellation (its accounting must follow it)."""
         fast = small and self.guard.fast()
         if fast and self.mode == "loop":
+            if self._loop_fd == -2:
+                self._loop_fd = open_schedstat()  # the loop's thread: open it there
             t = time.perf_counter()
+            self._on_loop += 1
             try:
-                return fn()
-            finally:
-                self._on_loop += 1
+                out, took = timed(fn, self._loop_fd)
+            except BaseException:
                 self.guard.observe(time.perf_counter() - t)
+                raise
+            self.guard.observe(took)
+            return out
         job: _Job[T] = _Job(fn)
         if fast and self.mode == "handoff":
             self._thread.submit(job)  # type: ignore[arg-type]
@@ -180,3 +229,6 @@ class Applier:
     def close(self) -> None:
         """Stop the journal thread (after the jobs handed to it)."""
         self._thread.close()
+        if self._loop_fd >= 0:
+            os.close(self._loop_fd)
+        self._loop_fd = -2

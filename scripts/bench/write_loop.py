@@ -8,8 +8,6 @@ cache's disk. A ticker task sleeps 1 ms at a time and records how late it wakes:
 timed on the loop:
 
 * ``small``: N files created, 4 KiB written, closed (flush + release), one after another;
-* ``small MODE`` (``--modes``): the same with each journal apply mode
-  (:mod:`airfs.writeback.applier`: on the loop, handed to a journal thread, worker thread);
 * ``small xT``: the same with T tasks at once (concurrent closes share journal batches);
 * ``big``: M MiB written in 1 MiB writes to one file, then closed;
 * ``rewrite``: the big file opened again and 64 KiB written at its start (copy-up of M MiB).
@@ -77,16 +75,6 @@ async def main(args: argparse.Namespace) -> None:
                 await _small(b, [f"a{i}" for i in range(args.files)])
                 dt = time.perf_counter() - t
                 rows.append(("small", f"{args.files / dt:,.0f} files/s", *ticker.take()))
-                for mode in args.modes:
-                    b.area.disk.applier.mode = mode
-                    await b.uploader.flush("")
-                    ticker.take()
-                    t = time.perf_counter()
-                    await _small(b, [f"{mode}{i}" for i in range(args.files)])
-                    dt = time.perf_counter() - t
-                    rate = f"{args.files / dt:,.0f} files/s"
-                    rows.append((f"small {mode}", rate, *ticker.take()))
-                    b.area.disk.applier.mode = "loop"
 
                 t = time.perf_counter()
                 async with trio.open_nursery() as tn:
@@ -119,9 +107,9 @@ async def main(args: argparse.Namespace) -> None:
                 rows.append(("rewrite", f"{args.mib / dt:,.0f} MiB/s", *ticker.take()))
                 await b.uploader.flush("")
                 n.cancel_scope.cancel()
-    print(f"{'case':<14} {'rate':>14} {'stall p99 ms':>13} {'stall max ms':>13}")
+    print(f"{'case':<12} {'rate':>14} {'stall p99 ms':>13} {'stall max ms':>13}")
     for name, rate, p99, mx in rows:
-        print(f"{name:<14} {rate:>14} {p99:>13.2f} {mx:>13.2f}")
+        print(f"{name:<12} {rate:>14} {p99:>13.2f} {mx:>13.2f}")
     if args.json:
         out = [
             {"case": name, "rate": float(rate.split()[0].replace(",", "")),
@@ -137,10 +125,5 @@ if __name__ == "__main__":
     p.add_argument("--files", type=int, default=2000)
     p.add_argument("--mib", type=int, default=512)
     p.add_argument("--tasks", type=int, default=16)
-    p.add_argument("--modes", default="", help="also the small case with each of these "
-                   "journal apply modes (comma-separated: loop,handoff,thread; "
-                   "airfs.writeback.applier), side by side")  # fmt: skip
     p.add_argument("--json", default=None, help="also write the rows as JSON (scripts/bench/ab.py)")
-    a = p.parse_args()
-    a.modes = [m for m in a.modes.split(",") if m]
-    trio.run(main, a)
+    trio.run(main, p.parse_args())
