@@ -7,8 +7,8 @@ round trip costs 150-600 us on a busy 2-core VM against ~20 us for the LMDB tran
 the ``fsetxattr`` calls of a small batch, so a batch runs, by :attr:`Applier.mode`:
 
 * ``"loop"`` (the default): on the loop itself, when it is *small* (the caller says so: at
-  most :data:`~airfs.writeback.diskq.LOOP_MAX_OPS` changes, no large file to delete, no
-  ``sync``) and the guard says the disk is fast; the batch is timed, and one that took longer
+  most :data:`~airfs.writeback.diskq.LOOP_MAX_OPS` records and attributes, no file deletion,
+  no ``sync``) and the guard says the disk is fast; the batch is timed, and one that took longer
   than :data:`SLOW_S` marks the disk slow for :data:`BACKOFF_S` (doubling, up to
   :data:`BACKOFF_MAX_S`, while it stays slow), during which every batch runs in a worker
   thread (and is timed there: a slow disk keeps the backoff going). A batch's time leaves out
@@ -191,6 +191,11 @@ class Applier:
         self._loop_fd = -2  # the loop thread's schedstat, opened on first use
         self._handed = 0
         self._threaded = 0
+
+    def runs_fast(self) -> bool:
+        """Whether a small batch would run fast now (on the loop, or handed over and waited
+        for), not in a worker thread."""
+        return self.mode != "thread" and self.guard.fast()
 
     async def run(self, fn: Callable[[], T], *, small: bool) -> T:
         """``fn()``'s result (or exception); on the loop only when ``small`` and the disk is

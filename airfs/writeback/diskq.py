@@ -3,10 +3,14 @@
 Every change the staging area makes to disk besides the bytes of a file (journal records, the
 record and path extended attributes of staging files, closing and deleting staging files) is
 *queued* here by the trio loop, in the order the area makes it, and applied by
-:meth:`DiskQueue.settle` one batch at a time: a small batch on the loop itself while the disk
-is fast, anything else (a batch of more than :data:`LOOP_MAX_OPS` changes, one deleting a file
-of more than :data:`LOOP_UNLINK_MAX` bytes, a ``sync``, any batch while the disk is slow) in one
-worker-thread job (:mod:`airfs.writeback.applier`, which also says the stall guard).
+:meth:`DiskQueue.settle` one batch at a time: while the disk is fast, a batch of at most
+:data:`LOOP_MAX_OPS` records and attributes runs on the loop itself, the deletions and closes of
+files queued with it waiting (in order) for the next batch made in a worker thread (the daemon
+settles every second with ``sync``, which always runs there, and a backlog of
+:data:`CLEANUP_BACKLOG` forces one); anything else runs in one worker-thread job
+(:mod:`airfs.writeback.applier`, which also says the stall guard). A staging file is marked
+done (:data:`~airfs.writeback.journal.DONE_XATTR`) when its deletion is queued, so a crash
+before the deletion lets recovery delete it.
 
 Contracts:
 
@@ -45,16 +49,13 @@ import trio
 from .applier import Applier, ApplierStats
 from .journal import Journal, Record
 
-__all__ = ["LOOP_MAX_OPS", "LOOP_UNLINK_MAX", "DiskQueue", "QueueStats"]
+__all__ = ["LOOP_MAX_OPS", "DiskQueue", "QueueStats"]
 
 #: cleanup changes (closes, unlinks) queued beyond which an operation settles even if it
 #: queued nothing durable (bounds the descriptors and files waiting to be dropped)
 CLEANUP_BACKLOG = 256
 #: batches of at most this many changes may be applied on the loop (a close queues 3 or 4)
 LOOP_MAX_OPS = 64
-#: a batch deleting a file larger than this (freeing its blocks can take a while), or a file
-#: of unknown size, is applied in a worker thread
-LOOP_UNLINK_MAX = 1 << 20
 
 _JOURNAL, _SETX, _RMX, _UNLINK, _DROP = range(5)
 
@@ -84,7 +85,6 @@ class _Op:
     name: str = ""
     value: bytes = b""
     path: str = ""
-    size: int = -1  # bytes of the file an unlink or drop deletes (-1: unknown)
 
 
 class DiskQueue:
@@ -130,10 +130,10 @@ class DiskQueue:
         """Delete the file ``path`` (staging file ``rid``'s, or a kept older copy)."""
         self._put(_UNLINK, frozenset((rid,)), False, path=path)
 
-    def drop(self, path: str, fd: int, rid: str, size: int = -1) -> None:
-        """Delete staging file ``rid`` at ``path`` (``size`` bytes on disk; -1: unknown)
-        and close ``fd``, after every change queued before it (which may use ``fd``)."""
-        self._put(_DROP, frozenset((fd, rid)), False, path=path, fd=fd, size=size)
+    def drop(self, path: str, fd: int, rid: str) -> None:
+        """Delete staging file ``rid`` at ``path`` and close ``fd``, after every change
+        queued before it (which may use ``fd``)."""
+        self._put(_DROP, frozenset((fd, rid)), False, path=path, fd=fd)
 
     @property
     def mark(self) -> int:
@@ -161,22 +161,48 @@ class DiskQueue:
             if not mine() and not sync:
                 return
             batch, self._ops = self._ops, []
+            files = [op for op in batch if op.kind in (_UNLINK, _DROP)]
+            fast = (
+                not sync
+                and len(files) <= CLEANUP_BACKLOG
+                and len(batch) - len(files) <= LOOP_MAX_OPS
+                and self.applier.runs_fast()
+            )
+            # on the loop: the records and attributes now; the files' deletions (each
+            # marked done first: recovery deletes it) wait for the next threaded batch
+            now, later = (
+                ([op for op in batch if op.kind not in (_UNLINK, _DROP)], files)
+                if fast
+                else (batch, [])
+            )
             try:
                 with trio.CancelScope(shield=True):  # the accounting below must follow it
-                    kept, exc = await self.applier.run(
-                        functools.partial(apply_batch, self.journal, batch, sync),
-                        small=not sync and is_small(batch),
+                    kept, exc = (
+                        await self.applier.run(
+                            functools.partial(apply_batch, self.journal, now, sync), small=fast
+                        )
+                        if now or sync
+                        else ([], None)
                     )
+                    applied = len(now) - len(kept)
+                    failed = exc
+                    if later and failed is not None:  # journal full: free space now
+                        retry, later = sorted(kept + later, key=lambda op: op.n), []
+                        kept, exc = await trio.to_thread.run_sync(
+                            apply_batch, self.journal, retry, False
+                        )
+                        applied += len(retry) - len(kept)
             except BaseException:
                 self._ops = batch + self._ops  # a bug: keep everything, say it
                 raise
-            self._ops = kept + self._ops
-            self._applied += len(batch) - len(kept)
+            self._ops = sorted(kept + later, key=lambda op: op.n) + self._ops
+            self._applied += applied
             self.batches += 1
+            exc = exc or failed
             if exc is not None:
                 self.failures += 1
                 self.last_error = str(exc)
-            left = mine()
+            left = [op for op in kept if since < op.n <= target]
             if left or (sync and exc is not None):
                 raise OSError(
                     errno.ENOSPC,
@@ -207,14 +233,6 @@ class DiskQueue:
     def close(self) -> None:
         """Stop the applier's thread (nothing is applied after; see :meth:`settle_now`)."""
         self.applier.close()
-
-
-def is_small(batch: list[_Op]) -> bool:
-    """Whether ``batch`` may be applied on the loop (while the disk is fast): few changes,
-    and no file to delete that is large or of unknown size."""
-    return len(batch) <= LOOP_MAX_OPS and all(
-        0 <= op.size <= LOOP_UNLINK_MAX for op in batch if op.kind in (_UNLINK, _DROP)
-    )
 
 
 def apply_batch(journal: Journal, batch: list[_Op], sync: bool) -> tuple[list[_Op], OSError | None]:

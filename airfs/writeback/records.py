@@ -88,8 +88,9 @@ class Records:
             v.seq = None
 
     def done(self, versions: Iterable[Staged]) -> None:
-        """``versions`` need nothing more (their file's commit landed): marked so, after
-        their records' deletion queued before, so that a crash while one is still staged
-        (open) does not keep it as a file open for writing."""
+        """``versions`` need nothing more (committed, superseded or deleted: their files
+        stay only while open, or until their deletion is applied): marked so, after their
+        records' deletion queued before, so that a crash before their files are gone does
+        not keep them in ``recovered/`` as files open for writing."""
         for v in versions:
             self.disk.set_xattr(v.fd, DONE_XATTR, b"1", v.id)

@@ -10,8 +10,8 @@ Contract (nothing closed is ever silently dropped):
   deleted), and a prior whose path has no newer record left is dropped;
 * a staging file with no record (open for writing when the daemon died) is moved to
   ``recovered/<its path>`` and reported; an empty one with no path (a spare staging file
-  never used) is deleted, and so is one marked done (its commit landed while it was still
-  open: :data:`~airfs.writeback.journal.DONE_XATTR`);
+  never used) is deleted, and so is one marked done (committed, superseded or deleted, its
+  file still open or its deletion not applied: :data:`~airfs.writeback.journal.DONE_XATTR`);
 * a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
   is missing from the journal means the journal was deleted, emptied or damaged: start is
   refused with :class:`~airfs.writeback.journal.JournalDamaged` naming the way out, unless
@@ -169,7 +169,7 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
             continue  # a prior dropped above
         raw_path = _xattr(src, PATH_XATTR)
         if (raw_path is None and os.path.getsize(src) == 0) or _xattr(src, DONE_XATTR):
-            os.unlink(src)  # a spare, one never written, or one committed (still open)
+            os.unlink(src)  # a spare, one never written, or one marked done
             continue
         rel = raw_path.decode("utf-8", "surrogateescape") if raw_path else name
         if raw_path:

@@ -431,8 +431,9 @@ class StagingArea:
                 del self.paths[ps.path]
         if self.all.pop(st.id, None) is None:
             return False
-        self.bytes -= (size := allocated(st))
-        self.disk.drop(st.file, st.fd, st.id, size)
+        self.bytes -= allocated(st)
+        self.records.done((st,))  # recovery deletes it should a crash come first
+        self.disk.drop(st.file, st.fd, st.id)
         self.notify()
         return True
 

@@ -11,7 +11,9 @@ each mode of :mod:`airfs.writeback.applier` in turn, and N files to the local di
 column alike. Reported per mode, medians over the rounds: files/s, its ratio to the local disk
 of the same rounds, the CPU time per file (this process, every thread: what a busy machine
 moves least), the worker-thread round trips the writer waited for per file (counted in
-its own task: a busy machine does not move that number), and the trio loop's stall (a ticker
+its own task: a busy machine does not move that number), the batches the stall guard found
+slow (:mod:`airfs.writeback.applier`: each sends the next second's batches to a worker
+thread), and the trio loop's stall (a ticker
 sleeping 1 ms, 99th percentile and maximum over all rounds, ms).
 """
 
@@ -86,6 +88,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
     rates: dict[str, list[float]] = {m: [] for m in [*args.modes, "local"]}
     hops: dict[str, list[float]] = {m: [] for m in args.modes}
     cpu: dict[str, list[float]] = {m: [] for m in [*args.modes, "local"]}
+    slow: dict[str, int] = dict.fromkeys(args.modes, 0)
     cache_root = os.environ.get("AIRFS_BENCH_DIR", "/var/tmp")
     with tempfile.TemporaryDirectory(dir=cache_root) as tmp:
         origin_dir = os.path.join(tmp, "origin")
@@ -105,10 +108,12 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                     for mode in order:
                         b.area.disk.applier.mode = mode
                         ticker.mode, waits = mode, 0
+                        s0 = b.area.disk.applier.statistics().slow
                         t, c = time.perf_counter(), time.process_time()
                         await _small(b, [f"{mode}{r}_{i}" for i in range(args.files)])
                         rates[mode].append(args.files / (time.perf_counter() - t))
                         cpu[mode].append((time.process_time() - c) / args.files)
+                        slow[mode] += b.area.disk.applier.statistics().slow - s0
                         hops[mode].append(waits / args.files)
                         ticker.mode = ""
                         await b.area.settle()
@@ -126,6 +131,7 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
         rows.append({"mode": mode, "files_per_s": rate, "x_local": rate / local,
                      "us_per_file": 1e6 / rate, "thread_waits_per_file": h,
                      "cpu_us_per_file": statistics.median(cpu[mode]) * 1e6,
+                     "slow_batches": slow.get(mode, 0),
                      "stall_p99_ms": p99, "stall_max_ms": mx})  # fmt: skip
     return rows
 
@@ -141,11 +147,11 @@ if __name__ == "__main__":
     a.modes = [m for m in a.modes.split(",") if m]
     out = trio.run(main, a)
     print(f"{'mode':<8} {'files/s':>9} {'x local':>8} {'us/file':>8} {'waits/file':>10} "
-          f"{'cpu us':>7} {'stall p99':>9} {'max ms':>7}")  # fmt: skip
+          f"{'cpu us':>7} {'slow':>5} {'stall p99':>9} {'max ms':>7}")  # fmt: skip
     for row in out:
         print(f"{row['mode']:<8} {row['files_per_s']:>9,.0f} {row['x_local']:>8.2f} "
               f"{row['us_per_file']:>8.0f} {row['thread_waits_per_file']:>10.3f} "
-              f"{row['cpu_us_per_file']:>7.0f} "
+              f"{row['cpu_us_per_file']:>7.0f} {row['slow_batches']:>5} "
               f"{row['stall_p99_ms']:>9.2f} {row['stall_max_ms']:>7.2f}")  # fmt: skip
     if a.json:
         with open(a.json, "w") as f:

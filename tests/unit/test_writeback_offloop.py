@@ -266,7 +266,7 @@ def _rec(rid: str, path: str, seq: int) -> Record:
 
 async def test_disk_queue_applies_net_changes_in_one_batch(tmp_path: Path) -> None:
     j = Journal(str(tmp_path / "j"))
-    q = diskq.DiskQueue(j)
+    q = diskq.DiskQueue(j, applier.Applier("thread"))  # the whole batch at once
     fd = os.open(tmp_path / "b", os.O_RDWR | os.O_CREAT, 0o600)
     gone = tmp_path / "a"
     gone.write_bytes(b"")
