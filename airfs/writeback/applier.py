@@ -1,12 +1,13 @@
-"""Where the disk queue's batches run: on the trio loop while the disk is fast, else in a
-worker thread; and the stall guard that decides which.
+"""Where the disk queue's batches run while the disk is fast (handed to a journal thread the
+trio loop waits on briefly, or on the loop itself), else in a worker thread; and the stall
+guard that decides which.
 
 A small-file close must be on disk before it returns (its journal record and attributes:
 :mod:`airfs.writeback.diskq`), and one slow disk must never stall every request. A worker-thread
 round trip costs 150-600 us on a busy 2-core VM against ~20 us for the LMDB transaction and
 the ``fsetxattr`` calls of a small batch, so a batch runs, by :attr:`Applier.mode`:
 
-* ``"loop"`` (the default): on the loop itself, when it is *small* (the caller says so: at
+* ``"loop"``: on the loop itself, when it is *small* (the caller says so: at
   most :data:`~airfs.writeback.diskq.LOOP_MAX_OPS` records and attributes, no file deletion,
   no ``sync``) and the guard says the disk is fast; the batch is timed, and one that took longer
   than :data:`SLOW_S` marks the disk slow for :data:`BACKOFF_S` (doubling, up to
@@ -15,16 +16,19 @@ the ``fsetxattr`` calls of a small batch, so a batch runs, by :attr:`Applier.mod
   what its thread waited for a CPU (``/proc/thread-self/schedstat``): a busy machine is not a
   slow disk. The worst a disk that turns slow can do is stall the loop for the one batch that
   finds out.
-* ``"handoff"``: in a dedicated journal thread (kept started), the loop *waiting* for it at
-  most :data:`SLOW_S` (blocked, not spinning); one not done by then is awaited off the loop
-  and marks the disk slow (a stall of the loop is bounded by :data:`SLOW_S` even for a disk
-  that hangs), at the price of two thread switches per batch.
+* ``"handoff"`` (the default): in a dedicated journal thread (kept started, waiting on a
+  queue), the loop *waiting* for it at most :data:`SLOW_S` (blocked, not spinning: no trio
+  machinery, one futex wake each way); one not done by then is awaited off the loop and marks
+  the disk slow as above (a stall of the loop is bounded by :data:`SLOW_S` even for a disk
+  that hangs).
 * ``"thread"``: always a trio worker thread (the code before issue 22; one round trip per
   batch).
 
 Concurrent closes share a batch in every mode (the queue's lock: what arrives while a batch
-runs is the next batch). The three were measured side by side (``scripts/bench/write_loop.py``,
-docs/benchmarks.md "Issue 22: small writes").
+runs is the next batch). The three were measured side by side (``scripts/bench/small_close.py``,
+docs/benchmarks.md "Issue 22: small writes"): ``handoff`` was the fastest on the busy 2-core
+VM, and ``loop`` stalled the loop for up to 0.7 s on the batch that found the disk slow, so
+``handoff`` is the default.
 """
 
 from __future__ import annotations
@@ -181,7 +185,7 @@ class Applier:
     """Runs a blocking batch function where :attr:`mode` says (see the module docstring).
     Trio loop only, one batch at a time (the disk queue's lock)."""
 
-    def __init__(self, mode: str = "loop", clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, mode: str = "handoff", clock: Callable[[], float] = time.monotonic) -> None:
         if mode not in MODES:
             raise ValueError(f"journal apply mode {mode!r}: one of {', '.join(MODES)}")
         self.mode = mode

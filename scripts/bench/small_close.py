@@ -6,15 +6,14 @@
 A core (``airfs.daemon.build``, no kernel) over a POSIX origin in a temporary directory on the
 cache's disk; the uploader is off unless ``--upload`` (what the close path alone costs). Each
 round writes N files (4 KiB, created, written, closed: flush + release, one after another) with
-each mode of :mod:`airfs.writeback.applier` in turn, and N files to the local disk with
-``os.open``/``os.write``/``os.close`` (same directory disk), so a busy machine moves every
-column alike. Reported per mode, medians over the rounds: files/s, its ratio to the local disk
-of the same rounds, the CPU time per file (this process, every thread: what a busy machine
-moves least), the worker-thread round trips the writer waited for per file (counted in
-its own task: a busy machine does not move that number), the batches the stall guard found
-slow (:mod:`airfs.writeback.applier`: each sends the next second's batches to a worker
-thread), and the trio loop's stall (a ticker
-sleeping 1 ms, 99th percentile and maximum over all rounds, ms).
+each mode of :mod:`airfs.writeback.applier` in turn (a fresh stall guard each time), and N files
+to the local disk with ``os.open``/``os.write``/``os.close`` (same disk), so a busy machine
+moves every column alike. Reported per mode, medians over the rounds: files/s, its ratio to the
+local disk of the same rounds, the CPU time per file (this process, every thread: what a busy
+machine moves least), the worker-thread round trips the writer waited for per file (counted in
+its own task: a busy machine does not move that number), the batches the stall guard found slow
+(:mod:`airfs.writeback.applier`: each sends the next second's batches to a worker thread), and
+the trio loop's stall (a ticker sleeping 1 ms, 99th percentile and maximum over all rounds, ms).
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ import trio
 from airfs.core.inodes import ROOT_INO
 from airfs.daemon.build import Built, build
 from airfs.origin.posix import PosixOrigin
+from airfs.writeback.applier import Applier
 
 DATA = b"s" * 4096
 
@@ -106,14 +106,14 @@ async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
                 for r in range(args.rounds):
                     order = args.modes if r % 2 == 0 else args.modes[::-1]
                     for mode in order:
-                        b.area.disk.applier.mode = mode
+                        b.area.disk.applier.close()  # a fresh guard for each mode's run
+                        b.area.disk.applier = Applier(mode)
                         ticker.mode, waits = mode, 0
-                        s0 = b.area.disk.applier.statistics().slow
                         t, c = time.perf_counter(), time.process_time()
                         await _small(b, [f"{mode}{r}_{i}" for i in range(args.files)])
                         rates[mode].append(args.files / (time.perf_counter() - t))
                         cpu[mode].append((time.process_time() - c) / args.files)
-                        slow[mode] += b.area.disk.applier.statistics().slow - s0
+                        slow[mode] += b.area.disk.applier.statistics().slow
                         hops[mode].append(waits / args.files)
                         ticker.mode = ""
                         await b.area.settle()
