@@ -17,10 +17,11 @@ the ``fsetxattr`` calls of a small batch, so a batch runs, by :attr:`Applier.mod
   slow disk. The worst a disk that turns slow can do is stall the loop for the one batch that
   finds out.
 * ``"handoff"`` (the default): in a dedicated journal thread (kept started, waiting on a
-  queue), the loop *waiting* for it at most :data:`SLOW_S` (blocked, not spinning: no trio
-  machinery, one futex wake each way); one not done by then is awaited off the loop and marks
-  the disk slow as above (a stall of the loop is bounded by :data:`SLOW_S` even for a disk
-  that hangs).
+  queue), the loop *waiting* for it at most :data:`HANDOFF_WAIT_S` (blocked, not spinning: no trio
+  machinery, one futex wake each way); one not done by then is awaited off the loop (a stall
+  of the loop is bounded by :data:`HANDOFF_WAIT_S` even for a disk that hangs), and marks the
+  disk slow as above if its own time in the journal thread was over :data:`SLOW_S` (a wait
+  for the GIL or a CPU before it ran is not the disk's).
 * ``"thread"``: always a trio worker thread (the code before issue 22; one round trip per
   batch).
 
@@ -48,9 +49,12 @@ __all__ = ["MODES", "Applier", "ApplierStats", "StallGuard"]
 T = TypeVar("T")
 
 MODES = ("loop", "handoff", "thread")
-#: a batch that takes longer than this marks the disk slow (it cost the loop more than the
-#: worker-thread round trip it saved)
-SLOW_S = 0.002
+#: how long the loop waits for a batch handed to the journal thread before it awaits it off
+#: the loop (about what the worker-thread round trip it saves would cost)
+HANDOFF_WAIT_S = 0.002
+#: a batch whose own time is longer than this marks the disk slow (on the loop: what it may
+#: have stalled every request for; handed over: a disk this slow would time out every wait)
+SLOW_S = 0.02
 #: how long the disk stays marked slow after a slow batch (doubled at each slow batch in a
 #: row, up to BACKOFF_MAX_S; back to BACKOFF_S once a batch is fast again)
 BACKOFF_S = 1.0
@@ -220,12 +224,14 @@ class Applier:
         job: _Job[T] = _Job(fn)
         if fast and self.mode == "handoff":
             self._thread.submit(job)  # type: ignore[arg-type]
-            if job.done.wait(SLOW_S):
+            if job.done.wait(HANDOFF_WAIT_S):
                 self._handed += 1
                 self.guard.observe(job.seconds)
                 return job.outcome()
-            self.guard.observe(float("inf"))  # not done in time: the disk (or CPU) is slow
+            # not done in time: awaited off the loop; slow or not by its own time (a wait for
+            # the GIL or a CPU before it ran is the machine's, not the disk's)
             await trio.to_thread.run_sync(job.done.wait)
+            self.guard.observe(job.seconds)
         else:
             await trio.to_thread.run_sync(job.run)
             self.guard.observe(job.seconds)
