@@ -70,10 +70,15 @@ class Records:
         for v in drop:
             v.seq = None
 
-    def rewrite(self, versions: Iterable[Staged], *, forget: Iterable[Staged] = ()) -> None:
+    def rewrite(
+        self, versions: Iterable[Staged], *, forget: Iterable[Staged] = (), done: bool = False
+    ) -> None:
         """Write the records of the recorded ``versions`` again (their path, base, mode,
         times or owner changed) and delete those of ``forget`` (their ``seq`` cleared), in
-        one transaction."""
+        one transaction; with ``done``, every one of ``forget`` is marked :meth:`done`."""
+        forget = list(forget)
+        if done:
+            self.done(forget)  # queued first, applied after the records' deletion
         gone = [v for v in forget if v.seq is not None]
         sts = [v for v in versions if v.seq is not None and v.path is not None]
         if not sts and not gone:
@@ -94,3 +99,9 @@ class Records:
         not keep them in ``recovered/`` as files open for writing."""
         for v in versions:
             self.disk.set_xattr(v.fd, DONE_XATTR, b"1", v.id)
+
+    def drop(self, st: Staged) -> None:
+        """Delete ``st``'s staging file (and close it) once the queue gets there, marked
+        :meth:`done` first: recovery deletes it should a crash come before."""
+        self.done((st,))
+        self.disk.drop(st.file, st.fd, st.id)
