@@ -3,8 +3,14 @@
 Every change the staging area makes to disk besides the bytes of a file (journal records, the
 record and path extended attributes of staging files, closing and deleting staging files) is
 *queued* here by the trio loop, in the order the area makes it, and applied by
-:meth:`DiskQueue.settle` in one worker thread job per batch: the loop never waits for LMDB, an
-``fsetxattr`` or an ``unlink``.
+:meth:`DiskQueue.settle` one batch at a time: while the disk is fast, a batch of at most
+:data:`LOOP_MAX_OPS` records and attributes runs on the loop itself, the deletions and closes of
+files queued with it waiting (in order) for the next batch made in a worker thread (the daemon
+settles every second with ``sync``, which always runs there, and a backlog of
+:data:`CLEANUP_BACKLOG` forces one); anything else runs in one worker-thread job
+(:mod:`airfs.writeback.applier`, which also says the stall guard). A staging file is marked
+done (:data:`~airfs.writeback.journal.DONE_XATTR`) when its deletion is queued, so a crash
+before the deletion lets recovery delete it.
 
 Contracts:
 
@@ -33,19 +39,23 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import trio
 
+from .applier import Applier, ApplierStats
 from .journal import Journal, Record
 
-__all__ = ["DiskQueue", "QueueStats"]
+__all__ = ["LOOP_MAX_OPS", "DiskQueue", "QueueStats"]
 
 #: cleanup changes (closes, unlinks) queued beyond which an operation settles even if it
 #: queued nothing durable (bounds the descriptors and files waiting to be dropped)
 CLEANUP_BACKLOG = 256
+#: batches of at most this many changes may be applied on the loop (a close queues 3 or 4)
+LOOP_MAX_OPS = 64
 
 _JOURNAL, _SETX, _RMX, _UNLINK, _DROP = range(5)
 
@@ -59,6 +69,8 @@ class QueueStats:
     applied: int
     failures: int
     last_error: str | None
+    #: where the batches ran (:mod:`airfs.writeback.applier`)
+    applier: ApplierStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +91,10 @@ class DiskQueue:
     """Queued disk changes of one staging area (see the module docstring). Enqueue from the
     trio loop only."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, applier: Applier | None = None) -> None:
         self.journal = journal
+        #: where batches run (on the loop while the disk is fast, else in a worker thread)
+        self.applier = applier if applier is not None else Applier()
         self._ops: list[_Op] = []
         self._queued = 0  # ops ever queued
         self._applied = 0
@@ -147,21 +161,48 @@ class DiskQueue:
             if not mine() and not sync:
                 return
             batch, self._ops = self._ops, []
+            files = [op for op in batch if op.kind in (_UNLINK, _DROP)]
+            fast = (
+                not sync
+                and len(files) <= CLEANUP_BACKLOG
+                and len(batch) - len(files) <= LOOP_MAX_OPS
+                and self.applier.runs_fast()
+            )
+            # on the loop: the records and attributes now; the files' deletions (each
+            # marked done first: recovery deletes it) wait for the next threaded batch
+            now, later = (
+                ([op for op in batch if op.kind not in (_UNLINK, _DROP)], files)
+                if fast
+                else (batch, [])
+            )
             try:
                 with trio.CancelScope(shield=True):  # the accounting below must follow it
-                    kept, exc = await trio.to_thread.run_sync(
-                        apply_batch, self.journal, batch, sync
+                    kept, exc = (
+                        await self.applier.run(
+                            functools.partial(apply_batch, self.journal, now, sync), small=fast
+                        )
+                        if now or sync
+                        else ([], None)
                     )
+                    applied = len(now) - len(kept)
+                    failed = exc
+                    if later and failed is not None:  # journal full: free space now
+                        retry, later = sorted(kept + later, key=lambda op: op.n), []
+                        kept, exc = await trio.to_thread.run_sync(
+                            apply_batch, self.journal, retry, False
+                        )
+                        applied += len(retry) - len(kept)
             except BaseException:
                 self._ops = batch + self._ops  # a bug: keep everything, say it
                 raise
-            self._ops = kept + self._ops
-            self._applied += len(batch) - len(kept)
+            self._ops = sorted(kept + later, key=lambda op: op.n) + self._ops
+            self._applied += applied
             self.batches += 1
+            exc = exc or failed
             if exc is not None:
                 self.failures += 1
                 self.last_error = str(exc)
-            left = mine()
+            left = [op for op in kept if since < op.n <= target]
             if left or (sync and exc is not None):
                 raise OSError(
                     errno.ENOSPC,
@@ -181,8 +222,17 @@ class DiskQueue:
 
     def statistics(self) -> QueueStats:
         return QueueStats(
-            len(self._ops), self.batches, self._applied, self.failures, self.last_error
+            len(self._ops),
+            self.batches,
+            self._applied,
+            self.failures,
+            self.last_error,
+            self.applier.statistics(),
         )
+
+    def close(self) -> None:
+        """Stop the applier's thread (nothing is applied after; see :meth:`settle_now`)."""
+        self.applier.close()
 
 
 def apply_batch(journal: Journal, batch: list[_Op], sync: bool) -> tuple[list[_Op], OSError | None]:

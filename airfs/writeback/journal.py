@@ -32,6 +32,9 @@ RECORD_XATTR = "user.airfs.record"
 #: extended attribute holding the path a staging file commits to (kept from creation on, so
 #: a file open for writing at a crash is recovered under its path)
 PATH_XATTR = "user.airfs.path"
+#: extended attribute marking a staging file whose bytes need nothing more (committed,
+#: superseded or deleted; still open, or its deletion not applied yet): recovery deletes it
+DONE_XATTR = "user.airfs.done"
 
 
 class JournalDamaged(Exception):

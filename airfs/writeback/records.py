@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from .diskq import DiskQueue
-from .journal import PATH_XATTR, RECORD_XATTR, Record
+from .journal import DONE_XATTR, PATH_XATTR, RECORD_XATTR, Record
 from .versions import Staged
 
 __all__ = ["Records"]
@@ -70,10 +70,15 @@ class Records:
         for v in drop:
             v.seq = None
 
-    def rewrite(self, versions: Iterable[Staged], *, forget: Iterable[Staged] = ()) -> None:
+    def rewrite(
+        self, versions: Iterable[Staged], *, forget: Iterable[Staged] = (), done: bool = False
+    ) -> None:
         """Write the records of the recorded ``versions`` again (their path, base, mode,
         times or owner changed) and delete those of ``forget`` (their ``seq`` cleared), in
-        one transaction."""
+        one transaction; with ``done``, every one of ``forget`` is marked :meth:`done`."""
+        forget = list(forget)
+        if done:
+            self.done(forget)  # queued first, applied after the records' deletion
         gone = [v for v in forget if v.seq is not None]
         sts = [v for v in versions if v.seq is not None and v.path is not None]
         if not sts and not gone:
@@ -86,3 +91,17 @@ class Records:
             self.disk.set_xattr(v.fd, RECORD_XATTR, rec.encode(), v.id)
         for v in gone:
             v.seq = None
+
+    def done(self, versions: Iterable[Staged]) -> None:
+        """``versions`` need nothing more (committed, superseded or deleted: their files
+        stay only while open, or until their deletion is applied): marked so, after their
+        records' deletion queued before, so that a crash before their files are gone does
+        not keep them in ``recovered/`` as files open for writing."""
+        for v in versions:
+            self.disk.set_xattr(v.fd, DONE_XATTR, b"1", v.id)
+
+    def drop(self, st: Staged) -> None:
+        """Delete ``st``'s staging file (and close it) once the queue gets there, marked
+        :meth:`done` first: recovery deletes it should a crash come before."""
+        self.done((st,))
+        self.disk.drop(st.file, st.fd, st.id)

@@ -10,7 +10,8 @@ Contract (nothing closed is ever silently dropped):
   deleted), and a prior whose path has no newer record left is dropped;
 * a staging file with no record (open for writing when the daemon died) is moved to
   ``recovered/<its path>`` and reported; an empty one with no path (a spare staging file
-  never used) is deleted;
+  never used) is deleted, and so is one marked done (committed, superseded or deleted, its
+  file still open or its deletion not applied: :data:`~airfs.writeback.journal.DONE_XATTR`);
 * a staging file whose own copy of its record (:data:`~airfs.writeback.journal.RECORD_XATTR`)
   is missing from the journal means the journal was deleted, emptied or damaged: start is
   refused with :class:`~airfs.writeback.journal.JournalDamaged` naming the way out, unless
@@ -27,7 +28,7 @@ import shutil
 import time
 from dataclasses import dataclass, field, replace
 
-from .journal import PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
+from .journal import DONE_XATTR, PATH_XATTR, RECORD_XATTR, JournalDamaged, Record
 from .staging import PathState, Staged, StagingArea
 
 log = logging.getLogger(__name__)
@@ -167,8 +168,8 @@ def recover(area: StagingArea, *, rebuild: bool = False, hint: str = "") -> Reco
         if not os.path.exists(src):
             continue  # a prior dropped above
         raw_path = _xattr(src, PATH_XATTR)
-        if raw_path is None and os.path.getsize(src) == 0:
-            os.unlink(src)  # a spare staging file, or one created and never written
+        if (raw_path is None and os.path.getsize(src) == 0) or _xattr(src, DONE_XATTR):
+            os.unlink(src)  # a spare, one never written, or one marked done
             continue
         rel = raw_path.decode("utf-8", "surrogateescape") if raw_path else name
         if raw_path:

@@ -26,13 +26,13 @@ A :class:`Staged` version is:
 * dropped (its file deleted) by :meth:`StagingArea.release` once clean or superseded and
   unreferenced.
 
-Every state change that must survive a crash is queued for the journal by the method that
-makes it, in the same call, and is on disk once :meth:`StagingArea.settle` returns (the
-filesystem core settles at the end of each operation; :mod:`airfs.writeback.diskq`). No journal
-transaction, attribute write, ``unlink`` or long ``pwrite`` runs on the trio loop. Counters
-never go negative (checked). Space: dirty bytes are never evicted;
-:meth:`StagingArea.reserve` makes a writer wait for commits to free space, then fail with
-ENOSPC. Sizes are counted in allocated bytes, so a sparse file costs what it stores.
+Every state change that must survive a crash is queued for the journal by the method that makes
+it, in the same call, and is on disk once :meth:`StagingArea.settle` returns (the filesystem
+core settles at the end of each operation; :mod:`airfs.writeback.diskq`, off the loop while the
+disk is slow). No long ``pwrite`` runs on the trio loop. Counters never go negative (checked).
+Space: dirty bytes are never evicted; :meth:`StagingArea.reserve` makes a writer wait for
+commits to free space, then fail with ENOSPC. Sizes are counted in allocated bytes, so a sparse
+file costs what it stores.
 """
 
 from __future__ import annotations
@@ -350,7 +350,7 @@ class StagingArea:
         i = ps.versions.index(st) if st in ps.versions else -1
         done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
         newer = ps.versions[i + 1 :]
-        self.records.rewrite(newer, forget=done)
+        self.records.rewrite(newer, forget=done, done=True)
         for v in done:
             if v is not st:
                 v.replaced_by = st
@@ -430,7 +430,7 @@ class StagingArea:
         if self.all.pop(st.id, None) is None:
             return False
         self.bytes -= allocated(st)
-        self.disk.drop(st.file, st.fd, st.id)
+        self.records.drop(st)
         self.notify()
         return True
 
@@ -501,6 +501,7 @@ class StagingArea:
                 self.disk.settle_now()
         except OSError as exc:
             log.error("staging: could not write the last journal changes: %s", exc)
+        self.disk.close()
         self.close_spares()
         for st in list(self.all.values()):
             with contextlib.suppress(OSError):

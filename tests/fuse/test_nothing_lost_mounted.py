@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,34 @@ def test_kill9_after_temp_then_rename_over_committed_file(make_volume) -> None: 
     v.m.flush()
     assert v.origin_bytes("latest.pt") == new
     assert v.m.status()["writeback"]["conflicts"] == []
+
+
+def test_kill9_right_after_a_batch_of_small_closes_commits_every_file(make_volume) -> None:  # type: ignore[no-untyped-def]
+    """Issue 22, item 5: small closes are journaled in shared batches, on the daemon's loop
+    while the disk is fast; a close that returned survives ``kill -9`` all the same: 4
+    writers close 15 small files each, the daemon is killed right after the last close
+    returned (the commits still pending: 50 KB/s to the origin), and after the restart every
+    file is committed with its content, none of them kept aside as interrupted."""
+    v: Volume = make_volume("--emulate-bandwidth", "50K")
+    (v.root / "d").mkdir()
+    want = {f"d/w{k}-{i:02d}": os.urandom(700) for k in range(4) for i in range(15)}
+
+    def writer(k: int) -> None:
+        for name, data in want.items():
+            if name.startswith(f"d/w{k}-"):
+                fd = os.open(v.root / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                os.write(fd, data)
+                os.close(fd)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(writer, range(4)))
+    _remount_after_kill9(v)
+    v.m.flush()
+    assert {n: v.origin_bytes(n) for n in want} == want
+    recovered = v.tmp / "cache" / "recovered"
+    recovered.mkdir(exist_ok=True)
+    kept = [str(p.relative_to(recovered)) for p in recovered.rglob("*") if p.is_file()]
+    assert kept == [], kept
 
 
 def test_torch_save_loop_on_one_name_ends_with_the_last_save(make_volume) -> None:  # type: ignore[no-untyped-def]
@@ -220,7 +249,6 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
             teardown(m)
     finally:
         subprocess.run(["umount", "-l", str(cache)], check=False)
-
 
 
 def test_staging_leaves_its_floor_free_and_keeps_every_accepted_byte(tmp_path: Path) -> None:

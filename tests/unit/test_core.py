@@ -219,7 +219,7 @@ async def test_create_write_release_commits(tmp_path: Path) -> None:
         assert stats["pending_files"] == 0 and stats["committed_files"] == 1
         # the staged copy is dropped once committed and closed
         assert c.area.get("new.bin") is None
-        await c.area.settle()  # (dropped files are deleted with the next batch)
+        await c.area.settle(sync=True)  # (deletions: next threaded batch)
         assert set(os.listdir(c.area.dir)) == c.area.spare_ids()
         # reads now come from the origin
         before = c.mem.calls["read_range"]
@@ -389,7 +389,7 @@ async def test_unlink_staged_only_never_reaches_origin(tmp_path: Path) -> None:
         await c.fs.release(fh)
         await c.flush()
         assert c.mem.calls["put"] == 0 and c.mem.calls["delete"] == 0
-        await c.area.settle()  # (dropped files are deleted with the next batch)
+        await c.area.settle(sync=True)  # (deletions: next threaded batch)
         assert set(os.listdir(c.area.dir)) == c.area.spare_ids()
         with pytest.raises(OSError) as info:
             await c.fs.getattr(attr.ino)

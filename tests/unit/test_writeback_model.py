@@ -1,17 +1,17 @@
 """A reference model of the write path, run by ``hypothesis.stateful`` against the core as the
 daemon builds it (:func:`airfs.daemon.build.build`), over a memory origin with injected faults.
 
-Steps: write-and-close (with and without ``O_TRUNC``), create with ``O_RDONLY``, a writer kept
-open across other steps (partial rewrites, and writes long enough to run in a worker thread),
-close, fsync, a *mapping that outlives close* (the descriptor's ``close()`` — FLUSH — while the
-open file lives on, then writes through it, parallel write-backs of its pages, ``msync``
-(fsync) and the unmap — RELEASE), truncate without a handle, rename
-(over staged, committed and new files), unlink, origin outages, ``flush``, and **crash +
-restart at any step** (all
-in-memory state dropped, and the disk changes not yet settled with it, rebuilt from the journal
-and the staging files), also **in the middle of a commit** (:class:`CutOrigin`: the put stops
-before or after its object is at the origin, the journal not updated), once or twice in a
-row, with the file rewritten while the cut commit was running.
+Steps: write-and-close (with and without ``O_TRUNC``), a batch of closes at once (each
+disk-queue apply mode, the stall guard tripped or not, a crash right after), create with
+``O_RDONLY``, a writer kept open across other steps (partial rewrites, and writes long enough to
+run in a worker thread), close, fsync, a *mapping that outlives close* (the descriptor's
+``close()`` — FLUSH — while the open file lives on, then writes through it, parallel write-backs
+of its pages, ``msync`` (fsync) and the unmap — RELEASE), truncate without a handle, rename
+(over staged, committed and new files), unlink, origin outages, ``flush``, and **crash + restart
+at any step** (all in-memory state dropped, and the disk changes not yet settled with it,
+rebuilt from the journal and the staging files), also **in the middle of a commit**
+(:class:`CutOrigin`: the put stops before or after its object is at the origin, the journal not
+updated), once or twice in a row, with the file rewritten while the cut commit was running.
 
 What must hold: the mount shows the latest content (open writers' bytes included) at every
 step; after a crash it shows exactly the last *closed* content of every file (a rewrite that
@@ -46,6 +46,7 @@ from airfs.origin.base import Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.testing import corehost as ch
 from airfs.testing.memory import FaultyOrigin, MemoryOrigin
+from airfs.writeback import applier
 from airfs.writeback.staging import WRITE_HOP_MIN
 from airfs.writeback.uploader import WriteBackStats
 
@@ -136,6 +137,33 @@ class WriteBackModel(RuleBasedStateMachine):
         old = self.live.get(path, b"")
         new = data if trunc else data + old[len(data) :]
         self.live[path] = self.closed[path] = new
+
+    @precondition(lambda self: self.writer is None)
+    @rule(
+        files=hs.dictionaries(hs.sampled_from(PATHS), DATA, min_size=1),
+        mode=hs.sampled_from(applier.MODES),
+        slow=hs.booleans(),
+        crash=hs.booleans(),
+    )
+    def batch_of_closes(self, files: dict[str, bytes], mode: str, slow: bool, crash: bool) -> None:
+        """Issue 22: small files written and closed at once (their closes share disk-queue
+        batches), the batches applied in ``mode`` (:mod:`airfs.writeback.applier`), with
+        the stall guard tripped when ``slow`` (every batch in a worker thread); with
+        ``crash``, the daemon dies right after the last close returned."""
+
+        async def go(b: Built) -> None:
+            b.area.disk.applier.mode = mode
+            if slow:
+                b.area.disk.applier.guard.observe(1.0)
+            async with trio.open_nursery() as n:
+                for path, data in files.items():
+                    n.start_soon(ch.write_file, b, path, data, os.O_TRUNC)
+
+        self.host.call(go)
+        for path, data in files.items():
+            self.live[path] = self.closed[path] = data
+        if crash:
+            self.crash()
 
     @rule(path=hs.sampled_from(PATHS))
     def create_rdonly(self, path: str) -> None:
@@ -294,6 +322,7 @@ class WriteBackModel(RuleBasedStateMachine):
                 assert got == self.closed[path], (path, got, self.closed[path])
             else:
                 assert path not in {e.name for e in self.mem.list("")}, path
+
         async def stats_of(b: Built) -> WriteBackStats:
             return b.uploader.statistics()
 
@@ -427,4 +456,3 @@ def test_rewrite_during_a_commit_cut_twice_is_not_a_conflict() -> None:
         lambda m: m.crash_in_commit("a", b"one", b"two", linked=True, again=False),
         lambda m: m.flush(),
     )
-

@@ -187,3 +187,32 @@ async def test_recovered_area_lists_pending_before_upload(tmp_path: Path) -> Non
         assert st is not None and os.pread(st.fd, 100, 0) == b"pending"
     finally:
         area.close()
+
+
+async def test_a_committed_file_still_staged_at_a_crash_is_not_kept_as_recovered(
+    tmp_path: Path,
+) -> None:
+    """A committed version stays in staging while it is open (here: a reader); its record is
+    deleted at the commit, its file only once released. A crash in between left a staging
+    file with a path and no record, which recovery took for a file open for writing and kept
+    in ``recovered/`` (a spurious copy, seen by the kill -9 test after a batch of small
+    closes): the commit now marks it done (:data:`~airfs.writeback.journal.DONE_XATTR`) in
+    the same disk batch as the record's deletion, and recovery deletes it."""
+    mem = MemoryOrigin()
+    cache = tmp_path / "cache"
+    async with running_core(cache, mem) as c:
+        await write_file(c, "a", b"alpha")
+        await c.fs.open((await c.fs.lookup(ROOT_INO, "a")).ino, os.O_RDONLY)  # kept open
+        with trio.fail_after(10):
+            await c.uploader.flush("")
+        await c.area.settle()  # the commit's journal changes are on disk
+        assert c.area.journal.records() == [] and c.area.get("a") is not None
+        c.area.crashed()  # the reader's release never comes
+    area = StagingArea(str(cache), limit=1 << 30, min_free=0)
+    try:
+        report = recover(area)
+        assert (report.replayed, report.recovered) == (0, ())
+        assert os.listdir(area.dir) == []
+    finally:
+        area.close()
+    assert origin_bytes(mem, "a") == b"alpha"
