@@ -25,6 +25,7 @@ from .control import cmd_status as cmd_status
 from .control import cmd_umount as cmd_umount
 from .control import cmd_warm as cmd_warm
 from .mount import cmd_mount as cmd_mount
+from .mount import cmd_restart as cmd_restart
 from .options import Parser, octal_mode
 from .options import fail as fail
 from .options import join_negative_values as join_negative_values
@@ -217,9 +218,32 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (default off; ADDR "
         "defaults to 127.0.0.1)",
     )
+    m.add_argument(
+        "--restartable",
+        action="store_true",
+        help="kernel transport: a holder process keeps the FUSE connection, so that the "
+        "daemon can be replaced without unmounting: after a crash (restarted at once, open "
+        "files and working directories keep working) and by 'airfs restart' (upgrade in "
+        "place)",
+    )
     m.add_argument("--debug", action="store_true", help="verbose daemon log")
     m.add_argument("--quiet", "-q", action="store_true")
     m.set_defaults(func=cmd_mount)
+
+    r = sub.add_parser(
+        "restart",
+        help="replace a --restartable mount's daemon without unmounting",
+        description="Start a new daemon (the code installed now) that takes the mount's "
+        "FUSE connection over from the running one: the old daemon stops reading requests, "
+        "answers those it is serving and exits; the new one rebuilds the kernel's node ids "
+        "and open handles and serves the requests that waited meanwhile. Open files, working "
+        "directories and mappings of running programs keep working. Prints the hand-over "
+        "time. Needs a mount made with --restartable.",
+    )
+    r.add_argument("mountpoint", metavar="MOUNTPOINT")
+    r.add_argument("--timeout", type=positive_seconds, default=300.0, metavar="SECONDS")
+    r.add_argument("--quiet", "-q", action="store_true")
+    r.set_defaults(func=cmd_restart)
 
     u = sub.add_parser(
         "umount",
