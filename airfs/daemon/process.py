@@ -293,7 +293,8 @@ async def _serve(
             took = await transport.take_over(takeover[0], cfg.mountpoint, cfg.cache_dir)
         except TakeoverRefused as exc:
             log.warning("cannot take over the mount: %s; clearing it and mounting again", exc)
-            transport.close()  # unmounts: the kernel's handles are lost, the journal is not
+            # the kernel's handles are lost, the journal is not
+            transport.abandon(takeover[0], cfg.mountpoint)
             takeover = None
         else:
             initialized.set()

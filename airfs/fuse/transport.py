@@ -216,6 +216,13 @@ class KernelTransport:
         self.session = self._session_on(fd)
         return await take_over(self.session, self.fs, state, self.state)
 
+    def abandon(self, fd: int, mountpoint: str) -> None:
+        """Give up a connection that cannot be taken over: unmount it (lazily: its users
+        get errors once the holder closes its descriptor) and close ``fd``."""
+        self.session = None
+        self.fd, self.mountpoint, self.keep_mount = fd, mountpoint, False
+        self.close()
+
     async def retire(self, grace: float) -> int:
         """Stop reading requests, let those being served finish (at most ``grace`` s);
         :meth:`close` then leaves the mount in place for the next daemon. Returns how many
