@@ -141,7 +141,7 @@ def test_restart_and_kill9_keep_jobs_running(restartable: tuple[Volume, int]) ->
 
 
 def test_takeover_without_state_remounts_with_a_reason(restartable: tuple[Volume, int]) -> None:
-    v, holder = restartable
+    v, _ = restartable
     m = v.m
     os.unlink(m.cache_dir / "takeover" / "init.json")
     old = m.pid

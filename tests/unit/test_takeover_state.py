@@ -84,7 +84,7 @@ def test_missing_damaged_or_foreign_state_is_refused(tmp_path: Path) -> None:
     with pytest.raises(TakeoverRefused, match="state version 99 written by another airfs"):
         load(str(tmp_path), servable)
     init.write_text(json.dumps({**raw, "negotiated": {**raw["negotiated"], "protocol": "7.12"}}))
-    with pytest.raises(TakeoverRefused, match="negotiated FUSE 7.12, this one speaks 7.31"):
+    with pytest.raises(TakeoverRefused, match=r"negotiated FUSE 7\.12, this one speaks 7\.31"):
         load(str(tmp_path), servable)
     init.write_text(json.dumps(raw))
     log = Path(state_dir(str(tmp_path))) / "log"
