@@ -115,7 +115,7 @@ def test_restart_and_kill9_keep_jobs_running(restartable: tuple[Volume, int]) ->
     v, holder = restartable
     m = v.m
     data = (v.root / "d" / "big").read_bytes()
-    jobs = Jobs(v.root, pause=0.02)
+    jobs = Jobs(v.root, pause=0.25)  # 48 reads: ~12 s, across both hand-overs
     time.sleep(0.5)
     # (a) airfs restart: the new code takes over, the old daemon retires
     old = m.pid
@@ -131,6 +131,7 @@ def test_restart_and_kill9_keep_jobs_running(restartable: tuple[Volume, int]) ->
     os.kill(old, signal.SIGKILL)
     m.pid = _daemon_pid(m, old)
     assert _ppid(m.pid) == holder
+    assert jobs.reader.poll() is None, "the reader ended before the hand-overs were done"
     jobs.finish(data)
     log = m.own_log()
     assert "retired: the next daemon takes over" in log
@@ -197,12 +198,13 @@ def test_twenty_kill9_in_a_row_under_load(restartable: tuple[Volume, int]) -> No
     v, holder = restartable
     m = v.m
     data = (v.root / "d" / "big").read_bytes()
-    jobs = Jobs(v.root, pause=0.05)
+    jobs = Jobs(v.root, pause=1.0)  # 48 reads: ~48 s, across the 20 take-overs
     for _ in range(20):
         time.sleep(0.3)
         old = m.pid
         os.kill(old, signal.SIGKILL)
         m.pid = _daemon_pid(m, old)
         assert _ppid(m.pid) == holder
+    assert jobs.reader.poll() is None, "the reader ended before the take-overs were done"
     jobs.finish(data)
     assert m.own_log().count("took over the mount in") == 20
