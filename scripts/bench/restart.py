@@ -6,7 +6,8 @@ replaced.
 
 Mounts a POSIX origin (a temporary one with a file of ``--size-mb``, or ``--origin`` with a
 file ``big`` in it) with ``--restartable --fuse kernel --no-cache``, starts a reader job
-(:mod:`airfs.testing.jobs`: 1 MiB reads, 5 ms apart, its cwd and a mapping in the mount), then
+(:mod:`airfs.testing.jobs`: 1 MiB ``O_DIRECT`` reads, so each reaches the daemon, ``--pause``
+apart, its cwd and a mapping in the mount), then
 alternately ``airfs restart`` and ``kill -9`` of the daemon, ``--rounds`` of each. Reports:
 
 * ``airfs restart``: the hand-over the command reports (request to the new daemon serving)
@@ -83,7 +84,7 @@ def summary(xs: list[float]) -> dict[str, float]:
 def reader(mp: Path, pause: float) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "airfs.testing.jobs", "reader", str(mp), "big", str(1 << 20),
-         str(pause)],
+         str(pause), "direct"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
 
@@ -101,7 +102,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mb", type=int, default=256)
     ap.add_argument("--origin", default=None)
-    ap.add_argument("--pause", type=float, default=0.005)
+    ap.add_argument("--pause", type=float, default=0.05, help="between reads (s)")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="airfs-restart-bench-"))
     origin = Path(args.origin) if args.origin else tmp / "origin"
