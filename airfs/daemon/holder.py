@@ -19,9 +19,15 @@ sent meanwhile queue in the kernel, and the next daemon takes the connection ove
   is answered ``OK <seconds>`` once the new daemon serves, or ``ERR <reason>``;
 * exits with the daemon's code when a daemon says goodbye (a real unmount).
 
+While a daemon serves, the holder keeps a *standby* daemon started ahead (``--standby``): its
+code loaded and its origin open, it waits for the cache dir's lock, which the serving daemon
+holds until it dies; then it asks the holder (``ACTIVE``) and takes over (``GO``), unless the
+daemon before it said goodbye (``STOP``). A crash take-over therefore starts no process. An
+``airfs restart`` stops the standby first (it runs the old code).
+
 Messages on the daemon link (``SOCK_SEQPACKET``, one per datagram): daemon → holder ``FDS``
-(with descriptors), ``READY``, ``BYE``; holder → daemon ``RETIRE``. :class:`Link` is the
-daemon's end.
+(with descriptors), ``WAITING``, ``READY``, ``ACTIVE``, ``BYE``; holder → daemon ``RETIRE``,
+``GO``, ``STOP``. :class:`Link` is the daemon's end.
 """
 
 from __future__ import annotations
@@ -71,6 +77,18 @@ class Link:
             else:
                 self.sock.send(msg.encode())
 
+    def activate(self) -> bool:
+        """A standby holding the lock: say so and wait for the holder's word (True: take
+        over; False: the daemon before it unmounted, or the holder is gone)."""
+        self.send("ACTIVE")
+        while True:
+            try:
+                msg = self.sock.recv(64)
+            except OSError:
+                return False
+            if msg in (b"GO", b"STOP", b""):
+                return msg == b"GO"
+
     async def wait_retire(self) -> None:
         """Return when the holder says RETIRE (or goes away: then the daemon serves on)."""
         while True:
@@ -100,6 +118,8 @@ class Child:
     bye: bool = False
     retiring: bool = False
     eof: bool = False
+    #: a standby took over from it (its exit is no longer the mount's business)
+    replaced: bool = False
 
 
 def _readable(sock: socket.socket) -> bool:
@@ -121,17 +141,21 @@ class Holder:
         self.listener: socket.socket | None = None
         #: the daemon an ``airfs restart`` replaces, until its successor is ready to take over
         self.retiring: Child | None = None
+        #: a daemon started ahead, waiting for the cache dir's lock: it takes over the moment
+        #: the serving one dies (no process start in the gap)
+        self.standby: Child | None = None
         self.code = 0
         #: never resolved later: the mount's path may be one nobody serves for a while
         self.path = holder_path(mountpoint, resolve=False)
 
-    def spawn(self, takeover: bool) -> Child:
+    def spawn(self, takeover: bool, standby: bool = False) -> Child:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         args = [sys.executable, "-m", "airfs.daemon.process", self.cfg_json]
         args += ["--holder-fd", str(theirs.fileno())]
         keep = [theirs.fileno()]
         if takeover:
             args += ["--takeover", ",".join(str(fd) for fd in self.fds)]
+            args += ["--standby"] if standby else []
             keep += self.fds
         elif self.ready_fd is not None:
             args += ["--ready-fd", str(self.ready_fd)]
@@ -143,8 +167,37 @@ class Holder:
             self.ready_fd = None
         child = Child(proc, ours, os.pidfd_open(proc.pid))
         self.children.append(child)
-        log.info("daemon pid %d started%s", proc.pid, " to take over" if takeover else "")
+        what = " as the standby" if standby else " to take over" if takeover else ""
+        log.info("daemon pid %d started%s", proc.pid, what)
         return child
+
+    def _drop_standby(self) -> None:
+        """Stop the standby (it only waits for the cache dir's lock: nothing to lose)."""
+        sb, self.standby = self.standby, None
+        if sb is not None and sb in self.children and sb.proc.poll() is None:
+            sb.proc.kill()
+            sb.proc.wait()
+
+    def _activate(self, sb: Child) -> None:
+        """The standby got the cache dir's lock: the daemon before it is gone. It takes over
+        unless that daemon said goodbye (a real unmount)."""
+        prev = self.current
+        if prev is not None and prev is not sb:
+            while _readable(prev.link) and self._message(prev):
+                pass
+            if prev.bye or prev.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    sb.link.send(b"STOP")
+                if self.standby is sb:
+                    self.standby = None
+                return
+            prev.replaced = True
+            self._crashed(prev)
+        if self.standby is sb:
+            self.standby = None
+        self.current = sb
+        with contextlib.suppress(OSError):
+            sb.link.send(b"GO")
 
     def listen(self) -> None:
         path = self.path
@@ -201,15 +254,23 @@ class Holder:
         else:
             for fd in fds:
                 os.close(fd)
+        if msg == b"FDS":
+            self._drop_standby()  # it holds the previous connection's descriptors
         if msg == b"WAITING" and c is self.current:
             self._retire()
+        elif msg == b"ACTIVE":
+            self._activate(c)
         elif msg == b"READY":
+            if c is self.current and self.standby is None and self.fds:
+                self.standby = self.spawn(takeover=True, standby=True)
             c.ready = True
             for client, t0 in self.waiting:
                 self._answer(client, f"OK {time.monotonic() - t0:.3f}")
             self.waiting.clear()
         elif msg == b"BYE":
             c.bye = True
+            if c is self.current:
+                self._drop_standby()
         return True
 
     def _exited(self, c: Child) -> None:
@@ -217,9 +278,11 @@ class Holder:
         os.close(c.pidfd)
         c.link.close()
         self.children.remove(c)
+        if c is self.standby:
+            self.standby = None
         if c is not self.current:
-            if code not in (RETIRED, 0):
-                log.warning("retired daemon pid %d exited with code %d", c.proc.pid, code)
+            if code not in (RETIRED, 0) and not c.replaced and c.proc.returncode != -9:
+                log.warning("daemon pid %d exited with code %d", c.proc.pid, code)
             return
         self.current = None
         if self.retiring is not None and self.retiring in self.children:
@@ -233,8 +296,20 @@ class Holder:
             return
         if c.bye or not self.fds:
             self.code = code
+            self._drop_standby()
             self._fail_waiting("the daemon exited")
             return
+        if not self._crashed(c):
+            return
+        if self.standby is not None and self.standby in self.children:
+            self.current = self.standby  # it is taking the lock now; ACTIVE follows
+            return
+        log.warning("starting a daemon to take over")
+        self.current = self.spawn(takeover=True)
+
+    def _crashed(self, c: Child) -> bool:
+        """Count the death of ``c``; False when there were too many (the holder gave up)."""
+        log.warning("daemon pid %d died (code %s): taking over", c.proc.pid, c.proc.returncode)
         now = time.monotonic()
         self.crashes.append(now)
         while self.crashes and now - self.crashes[0] > RESTART_WINDOW:
@@ -244,12 +319,12 @@ class Holder:
                 "daemon died %d times in %.0fs: giving up, unmounting %s",
                 len(self.crashes), RESTART_WINDOW, self.mountpoint,
             )  # fmt: skip
+            self._drop_standby()
             self._unmount()
             self.code = 1
             self._fail_waiting("the daemon keeps dying")
-            return
-        log.warning("daemon pid %d died (code %d): starting another to take over", c.proc.pid, code)
-        self.current = self.spawn(takeover=True)
+            return False
+        return True
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -276,6 +351,7 @@ class Holder:
             self._answer(client, "ERR the daemon is not serving yet; try again")
             return
         self.waiting.append((client, time.monotonic()))
+        self._drop_standby()  # it runs the old code, and must not take the lock first
         self.current = self.spawn(takeover=True)
         self.retiring = old  # told to retire once the new one is ready to take over
 

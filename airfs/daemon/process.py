@@ -16,6 +16,7 @@ import fcntl
 import functools
 import logging
 import logging.handlers
+import math
 import os
 import resource
 import signal
@@ -170,6 +171,9 @@ def _lock(cache_dir: str, wait: float) -> int:
     """The cache dir's lock (one daemon per cache dir); waits up to ``wait`` seconds for a
     daemon that is retiring or dying to let go of it."""
     lock_fd = os.open(os.path.join(cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    if wait == math.inf:  # a standby: nothing else to do until it is ours
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        return lock_fd
     deadline = time.monotonic() + wait
     while True:
         try:
@@ -189,6 +193,7 @@ async def serve(
     ready: Callable[[str | None], None],
     link: Link | None = None,
     takeover: list[int] | None = None,
+    standby: bool = False,
 ) -> int:
     """Open the origin, lock the cache dir, build everything, mount and serve until
     unmounted; then drain and tear down. Calls ``ready(None)`` once the mount is up. Returns
@@ -211,9 +216,21 @@ async def serve(
     sync_origin = open_origin(cfg, overlay_fd)
     posix = posix_of(sync_origin)
     prepare_cache_dir(cfg.cache_dir)
-    if takeover is not None and link is not None:
-        link.send("WAITING")  # ready to take over: the holder retires the old daemon now
-    lock_fd = _lock(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
+    if standby and link is not None:
+        # loaded and waiting: what a take-over needs later is imported now
+        import airfs.cache
+        import airfs.fuse.kernel.handover  # noqa: F401
+
+        lock_fd = _lock(cfg.cache_dir, math.inf)
+        if not link.activate():
+            os.close(lock_fd)
+            sync_origin.close()
+            return 0
+        log.info("standby daemon: the serving one is gone, taking over")
+    else:
+        if takeover is not None and link is not None:
+            link.send("WAITING")  # ready to take over: the holder retires the old daemon now
+        lock_fd = _lock(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
     code = 1
     try:
         async with build(
@@ -482,6 +499,7 @@ def run(
     foreground: bool = False,
     holder_fd: int | None = None,
     takeover: list[int] | None = None,
+    standby: bool = False,
 ) -> int:
     """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code.
     ``holder_fd``: the link to the holder (:mod:`airfs.daemon.holder`); ``takeover``: the
@@ -507,7 +525,7 @@ def run(
         setup_logging(cfg, foreground)
         heap.limit_arenas()  # before any worker thread: see airfs/heap.py
         link = Link(holder_fd) if holder_fd is not None else None
-        return trio.run(serve, cfg, ready, link, takeover)
+        return trio.run(serve, cfg, ready, link, takeover, standby)
     except Exception as exc:
         leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself
         if isinstance(leaf, MountError):
@@ -539,9 +557,12 @@ def main(argv: list[str] | None = None) -> int:
         i = args.index("--takeover")
         takeover = [int(x) for x in args[i + 1].split(",")]
         del args[i : i + 2]
+    standby = "--standby" in args
+    if standby:
+        args.remove("--standby")
     cfg = MountConfig.from_json(args[0])
     foreground = ready_fd is None and holder_fd is None
-    return run(cfg, ready_fd, foreground=foreground, holder_fd=holder_fd, takeover=takeover)
+    return run(cfg, ready_fd, foreground, holder_fd, takeover, standby)
 
 
 if __name__ == "__main__":
