@@ -102,7 +102,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--size-mb", type=int, default=256)
     ap.add_argument("--origin", default=None)
-    ap.add_argument("--pause", type=float, default=0.05, help="between reads (s)")
+    ap.add_argument("--pause", type=float, default=0.08, help="between reads (s)")
+    ap.add_argument(
+        "--settle",
+        type=float,
+        default=2.5,
+        help="after each hand-over (s): long enough for the holder's standby to be loaded",
+    )
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="airfs-restart-bench-"))
     origin = Path(args.origin) if args.origin else tmp / "origin"
@@ -138,13 +144,13 @@ def main() -> int:
             ans = [a for a in prober.answers if t0 <= a <= time.monotonic()]
             pts = [t0, *ans]
             restart_gap.append(max(b - a for a, b in itertools.pairwise(pts)) * 1000)
-            time.sleep(0.3)
+            time.sleep(args.settle)
             pid = status_pid(mp)
             assert pid is not None
             t1 = time.monotonic()
             os.kill(pid, signal.SIGKILL)
             crash_gap.append((prober.first_after(t1) - t1) * 1000)
-            time.sleep(0.3)
+            time.sleep(args.settle)
         lat = finish(job, want)
         prober.stop = True
         rec = {
