@@ -12,7 +12,7 @@ meant to the old daemon, with these limits (each logged, none raises):
   area, for a closed file not yet committed) has now;
 * a handle open for writing is not: the bytes it had written are in a staging file with no
   journal record, which recovery keeps under ``recovered/`` (reopening it on the committed
-  version would mix old and new bytes); its requests answer EBADF;
+  version would mix old and new bytes); its writes and its close answer EBADF;
 * a handle that cannot be opened again is left out likewise.
 """
 

@@ -9,6 +9,7 @@ with pyfuse3 are refused with their reason.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -208,3 +209,28 @@ def test_twenty_kill9_in_a_row_under_load(restartable: tuple[Volume, int]) -> No
     assert jobs.reader.poll() is None, "the reader ended before the take-overs were done"
     jobs.finish(data)
     assert m.own_log().count("took over the mount in") == 20
+
+
+def test_a_file_open_for_writing_is_not_reopened(restartable: tuple[Volume, int]) -> None:
+    """The documented limit: a writer's handle is not reopened by the new daemon (its later
+    writes and its close fail with EBADF, never land on another version); what it wrote
+    before is kept under recovered/ by recovery."""
+    v, _ = restartable
+    m = v.m
+    fd = os.open(v.root / "d" / "ckpt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"a" * 4096)
+        old = m.pid
+        os.kill(old, signal.SIGKILL)
+        m.pid = _daemon_pid(m, old)
+        with pytest.raises(OSError) as exc:
+            os.write(fd, b"b" * 4096)
+        assert exc.value.errno == errno.EBADF
+    finally:
+        with pytest.raises(OSError) as exc:
+            os.close(fd)  # the kernel's file is released all the same
+        assert exc.value.errno == errno.EBADF
+    assert (m.cache_dir / "recovered" / "d" / "ckpt").read_bytes() == b"a" * 4096
+    assert "was open for writing: not reopened" in m.own_log()
+    # the reader side is unharmed
+    assert (v.root / "d" / "log.txt").read_text() == "first line\n"
