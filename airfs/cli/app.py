@@ -1,8 +1,8 @@
-"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
+"""``airfs``: mount, restart, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`).
 
 This module is the parser and the dispatch (the console script ``airfs.cli:main``); the commands
-live beside it: :mod:`airfs.cli.mount` (``mount``), :mod:`airfs.cli.control` (``umount``,
-``status``, ``warm``, ``flush``), :mod:`airfs.cli.status` (the status text) and
+live beside it: :mod:`airfs.cli.mount` (``mount``, ``restart``), :mod:`airfs.cli.control`
+(``umount``, ``status``, ``warm``, ``flush``), :mod:`airfs.cli.status` (the status text) and
 :mod:`airfs.cli.options` (value types and one-line usage errors).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
