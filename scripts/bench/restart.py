@@ -27,6 +27,7 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -166,6 +167,8 @@ def main() -> int:
         }
     finally:
         subprocess.run([*AIRFS, "umount", str(mp)], capture_output=True)
+        if str(mp) not in Path("/proc/mounts").read_text():
+            shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(rec))
     for k, v in rec.items():
         if isinstance(v, dict):
