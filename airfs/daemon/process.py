@@ -12,7 +12,6 @@ detaches it), or in-process with ``--foreground``. Readiness is reported once, o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import logging.handlers
@@ -21,7 +20,6 @@ import os
 import resource
 import signal
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -32,7 +30,6 @@ from airfs.control.server import ControlServer
 from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.core.warm import BackgroundPrefetch
 from airfs.daemon import heap, memdebug
-from airfs.fuse.kernel.takeover import TakeoverRefused
 from airfs.fuse.transport import KernelTransport, TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Origin, OriginError
@@ -48,6 +45,7 @@ from .config import check_cache_dir as check_cache_dir
 from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
+from .takeover import lock_cache_dir, mount_or_take_over
 
 log = logging.getLogger("airfs")
 
@@ -167,27 +165,6 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
 RETIRE_GRACE = 10.0
 
 
-def _lock(cache_dir: str, wait: float) -> int:
-    """The cache dir's lock (one daemon per cache dir); waits up to ``wait`` seconds for a
-    daemon that is retiring or dying to let go of it."""
-    lock_fd = os.open(os.path.join(cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    if wait == math.inf:  # a standby: nothing else to do until it is ours
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        return lock_fd
-    deadline = time.monotonic() + wait
-    while True:
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return lock_fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(lock_fd)
-                raise MountError(
-                    f"cache dir {cache_dir} is in use by another airfs mount"
-                ) from None
-            time.sleep(0.002)
-
-
 async def serve(
     cfg: MountConfig,
     ready: Callable[[str | None], None],
@@ -221,7 +198,7 @@ async def serve(
         import airfs.cache
         import airfs.fuse.kernel.handover  # noqa: F401
 
-        lock_fd = _lock(cfg.cache_dir, math.inf)
+        lock_fd = lock_cache_dir(cfg.cache_dir, math.inf)
         if not link.activate():
             os.close(lock_fd)
             sync_origin.close()
@@ -230,7 +207,7 @@ async def serve(
     else:
         if takeover is not None and link is not None:
             link.send("WAITING")  # ready to take over: the holder retires the old daemon now
-        lock_fd = _lock(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
+        lock_fd = lock_cache_dir(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
     code = 1
     try:
         async with build(
@@ -303,34 +280,8 @@ async def _serve(
     except ValueError as exc:
         raise MountError(str(exc)) from None
     retired = False
-    if takeover is not None:
-        assert isinstance(transport, KernelTransport) and link is not None
-        t0 = time.monotonic()
-        try:
-            took = await transport.take_over(takeover[0], cfg.mountpoint, cfg.cache_dir)
-        except TakeoverRefused as exc:
-            log.warning("cannot take over the mount: %s; clearing it and mounting again", exc)
-            # the kernel's handles are lost, the journal is not
-            transport.abandon(takeover[0], cfg.mountpoint)
-            takeover = None
-        else:
-            initialized.set()
-            r = took.restored
-            log.info(
-                "took over the mount in %.3fs: %d node(s), %d file and %d directory "
-                "handle(s), %d lost; %d backing id(s) released; resend %s",
-                time.monotonic() - t0, r.nodes, r.files, r.dirs, len(r.lost),
-                took.backing_closed, "asked" if took.resent else "refused",
-            )  # fmt: skip
-    if takeover is None:
-        try:
-            transport.mount(cfg.mountpoint)
-        except TransportError as exc:
-            raise MountError(str(exc)) from None
-        if link is not None:
-            assert isinstance(transport, KernelTransport) and transport.fd is not None
-            fds = [transport.fd] + ([overlay_fd] if overlay_fd is not None else [])
-            link.send("FDS", fds)
+    if await mount_or_take_over(cfg, transport, link, takeover, overlay_fd):
+        initialized.set()  # INIT was the old daemon's
     code = 0
     try:
         async with trio.open_nursery() as nursery:
