@@ -169,11 +169,20 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if reason:
         return fail(reason)
 
-    if args.restartable and (args.foreground or cfg.fuse != "kernel"):
+    if args.restartable and cfg.fuse != "kernel":
         return fail(
             "--restartable needs the kernel transport (--fuse kernel; libfuse owns the "
-            "pyfuse3 connection) and a detached daemon (not --foreground)"
+            "pyfuse3 connection)"
         )
+    if args.foreground and args.restartable:
+        # this process is the holder (systemd's main process); the daemons log to the file
+        from airfs.daemon.holder import run_holder
+
+        try:
+            prepare_cache_dir(cfg.cache_dir)
+        except MountError as exc:
+            return fail(str(exc))
+        return run_holder(cfg.to_json(), cfg.mountpoint, None)
     if args.foreground:
         from airfs.daemon.process import run  # the daemon itself, in this process
 

@@ -183,6 +183,9 @@ class Holder:
         unless that daemon said goodbye (a real unmount)."""
         prev = self.current
         if prev is not None and prev is not sb:
+            # the lock is let go while the process exits: it may not be a zombie yet
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                prev.proc.wait(timeout=5)
             while _readable(prev.link) and self._message(prev):
                 pass
             if prev.bye or prev.proc.poll() is None:
@@ -417,12 +420,18 @@ def main(argv: list[str] | None = None) -> int:
         ready_fd = int(args[i + 1])
         del args[i : i + 2]
     cfg = MountConfig.from_json(args[0])
+    return run_holder(args[0], cfg.mountpoint, ready_fd)
+
+
+def run_holder(cfg_json: str, mountpoint: str, ready_fd: int | None) -> int:
+    """Be the holder of the mount ``cfg_json`` describes until it is unmounted (logging to
+    stderr: ``airfs mount`` points it at the log file, systemd at the journal)."""
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    return Holder(args[0], cfg.mountpoint, ready_fd).run()
+    return Holder(cfg_json, mountpoint, ready_fd).run()
 
 
 if __name__ == "__main__":

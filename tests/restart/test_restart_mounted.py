@@ -177,7 +177,7 @@ def test_restart_refusals(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert p.returncode == 1
-    assert "--restartable needs the kernel transport" in p.stderr
+    assert "--restartable needs the kernel transport (--fuse kernel" in p.stderr
     m = mount(str(origin), mp, tmp_path / "c", "--fuse", "kernel")
     try:
         p = subprocess.run(
