@@ -1,9 +1,9 @@
-"""``airfs``: mount, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`), csi
+"""``airfs``: mount, restart, umount, status, warm, flush, catalog (:mod:`airfs.catalog.cli`), csi
 (:mod:`airfs.csi.cli`).
 
 This module is the parser and the dispatch (the console script ``airfs.cli:main``); the commands
-live beside it: :mod:`airfs.cli.mount` (``mount``), :mod:`airfs.cli.control` (``umount``,
-``status``, ``warm``, ``flush``), :mod:`airfs.cli.status` (the status text) and
+live beside it: :mod:`airfs.cli.mount` (``mount``, ``restart``), :mod:`airfs.cli.control`
+(``umount``, ``status``, ``warm``, ``flush``), :mod:`airfs.cli.status` (the status text) and
 :mod:`airfs.cli.options` (value types and one-line usage errors).
 
 Exit codes: 0 success; 1 failure (a one-line reason on stderr); 2 bad usage; 3 unmounted with
@@ -27,6 +27,7 @@ from .control import cmd_status as cmd_status
 from .control import cmd_umount as cmd_umount
 from .control import cmd_warm as cmd_warm
 from .mount import cmd_mount as cmd_mount
+from .mount import cmd_restart as cmd_restart
 from .options import Parser, octal_mode
 from .options import fail as fail
 from .options import join_negative_values as join_negative_values
@@ -219,9 +220,34 @@ def build_parser() -> argparse.ArgumentParser:
         help="serve Prometheus metrics at http://ADDR:PORT/metrics (default off; ADDR "
         "defaults to 127.0.0.1)",
     )
+    m.add_argument(
+        "--restartable",
+        action="store_true",
+        help="kernel transport: a holder process keeps the FUSE connection, so that the "
+        "daemon can be replaced without unmounting: after a crash (taken over at once: files "
+        "open for reading and working directories keep working) and by 'airfs restart' "
+        "(upgrade in place); reads are then never passed through",
+    )
     m.add_argument("--debug", action="store_true", help="verbose daemon log")
     m.add_argument("--quiet", "-q", action="store_true")
     m.set_defaults(func=cmd_mount)
+
+    r = sub.add_parser(
+        "restart",
+        help="replace a --restartable mount's daemon without unmounting",
+        description="Start a new daemon (the code installed now) that takes the mount's "
+        "FUSE connection over from the running one: the old daemon stops reading requests, "
+        "answers those it is serving and exits; the new one rebuilds the kernel's node ids "
+        "and read handles and serves the requests that waited meanwhile. Files open for "
+        "reading, working directories and mappings of running programs keep working; a file "
+        "open for writing is not carried over (its bytes so far are kept in "
+        "CACHE_DIR/recovered/, its later writes fail with EBADF). Prints the hand-over time. "
+        "Needs a mount made with --restartable.",
+    )
+    r.add_argument("mountpoint", metavar="MOUNTPOINT")
+    r.add_argument("--timeout", type=positive_seconds, default=300.0, metavar="SECONDS")
+    r.add_argument("--quiet", "-q", action="store_true")
+    r.set_defaults(func=cmd_restart)
 
     u = sub.add_parser(
         "umount",

@@ -169,6 +169,20 @@ def cmd_mount(args: argparse.Namespace) -> int:
     if reason:
         return fail(reason)
 
+    if args.restartable and cfg.fuse != "kernel":
+        return fail(
+            "--restartable needs the kernel transport (--fuse kernel; libfuse owns the "
+            "pyfuse3 connection)"
+        )
+    if args.foreground and args.restartable:
+        # this process is the holder (systemd's main process); the daemons log to the file
+        from airfs.daemon.holder import run_holder
+
+        try:
+            prepare_cache_dir(cfg.cache_dir)
+        except MountError as exc:
+            return fail(str(exc))
+        return run_holder(cfg.to_json(), cfg.mountpoint, None)
     if args.foreground:
         from airfs.daemon.process import run  # the daemon itself, in this process
 
@@ -178,16 +192,15 @@ def cmd_mount(args: argparse.Namespace) -> int:
     except MountError as exc:
         return fail(str(exc))
     try:
-        log_fd = os.open(
-            cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        log_fd = os.open(cfg.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         os.fchmod(log_fd, 0o600)  # the log names files: the mounting user's only
     except OSError as exc:
         return fail(f"{exc.filename}: {exc.strerror}")
     rfd, wfd = os.pipe()
+    module = "airfs.daemon.holder" if args.restartable else "airfs.daemon.process"
     with os.fdopen(log_fd, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "airfs.daemon.process", cfg.to_json(), "--ready-fd", str(wfd)],
+            [sys.executable, "-m", module, cfg.to_json(), "--ready-fd", str(wfd)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=log,
@@ -228,3 +241,27 @@ def cmd_mount(args: argparse.Namespace) -> int:
         proc.wait()
         return fail(f"the mount did not become ready within {args.timeout}s (log: {cfg.log_file})")
     return fail(f"the daemon exited with code {proc.returncode} (log: {cfg.log_file})")
+
+
+def cmd_restart(args: argparse.Namespace) -> int:
+    """``airfs restart``: ask the mount's holder for a new daemon that takes over."""
+    from airfs.daemon.holder import request_restart
+
+    mp = os.path.realpath(args.mountpoint)
+    if mounts().get(mp) != MOUNT_TYPE:
+        return fail(f"{args.mountpoint} is not an airfs mount")
+    try:
+        answer = request_restart(mp, args.timeout)
+    except FileNotFoundError:
+        return fail(
+            f"{args.mountpoint} has no holder (mounted without --restartable): "
+            "unmount and mount it again to replace its daemon"
+        )
+    except OSError as exc:
+        return fail(f"cannot reach the holder of {args.mountpoint}: {exc.strerror or exc}")
+    if answer.startswith("OK"):
+        if not args.quiet:
+            took = answer[2:].strip()
+            print(f"airfs: restarted the daemon of {args.mountpoint} (hand-over {took}s)")
+        return 0
+    return fail(answer.removeprefix("ERR ").strip())

@@ -61,10 +61,13 @@ def runtime_dir(uid: int | None = None) -> str:
     return f"/tmp/airfs-{uid}"
 
 
-def socket_path(mountpoint: str, uid: int | None = None) -> str:
+def socket_path(mountpoint: str, uid: int | None = None, *, resolve: bool = True) -> str:
     """The control socket of the mount at ``mountpoint`` (any spelling of the path) owned by
-    ``uid`` (default: this process's effective uid)."""
-    key = hashlib.sha256(os.path.realpath(mountpoint).encode()).hexdigest()[:20]
+    ``uid`` (default: this process's effective uid). ``resolve=False``: ``mountpoint`` is
+    already the real path (a daemon taking over a mount nobody serves yet must not look at
+    the path: the look-up would wait for its own answer)."""
+    real = os.path.realpath(mountpoint) if resolve else mountpoint
+    key = hashlib.sha256(real.encode()).hexdigest()[:20]
     return os.path.join(runtime_dir(uid), f"{key}.sock")
 
 

@@ -149,6 +149,11 @@ class Core:
         self._next_fh += 1
         return fh
 
+    def set_next_fh(self, fh: int) -> None:
+        """The next handle opened is numbered ``fh`` (a daemon taking over the kernel's
+        connection reopens its handles under their numbers: :mod:`airfs.core.restore`)."""
+        self._next_fh = fh
+
     def path_of(self, node: Node) -> str:
         if node.path is None:
             # ESTALE, not ENOENT: a path-based call (open, stat) that raced a rename-over

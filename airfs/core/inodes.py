@@ -21,6 +21,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import trio
 
@@ -54,6 +55,14 @@ def _one_storage(path: str) -> str:
     return ""
 
 
+class NodeLog(Protocol):
+    """Told every change of which node numbers exist and where they lead (a daemon taking
+    over the kernel's connection rebuilds the table from it: :mod:`airfs.fuse.kernel.takeover`)."""
+
+    def bound(self, ino: int, kind: Kind, path: str | None) -> None: ...
+    def dropped(self, ino: int) -> None: ...
+
+
 class InodeTable:
     """Maps inode numbers and paths to nodes. Not thread-safe: used from the trio loop only."""
 
@@ -71,6 +80,8 @@ class InodeTable:
         # the origin is unreachable (bounded LRU; dropped on rename/removal)
         self._last: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._last_index = PathIndex()  # the paths of ``_last``, by directory
+        #: told of every node made, moved, detached or dropped (None: nobody listens)
+        self.log: NodeLog | None = None
         root = Node(ROOT_INO, "", Kind.DIR, root_entry, time.monotonic(), lookups=1)
         self._add(root)
 
@@ -78,6 +89,23 @@ class InodeTable:
         self._by_ino[node.ino] = node
         if node.path is not None:
             self._by_path[node.path] = node
+        if self.log is not None:
+            self.log.bound(node.ino, node.kind, node.path)
+
+    def restore(
+        self, ino: int, path: str | None, kind: Kind, entry: Entry | None, lookups: int
+    ) -> Node:
+        """Make node ``ino`` again as the kernel knows it (a daemon taking over the
+        connection); later nodes are numbered above it. Not for a number in use."""
+        if ino in self._by_ino:
+            raise AssertionError(f"inode {ino} exists")
+        node = Node(ino, path, kind, entry, time.monotonic(), lookups=lookups)
+        if path is not None and path in self._by_path:
+            node.path = None  # two saved nodes at one path: the later one keeps it
+        self._add(node)
+        top = next(self._next)
+        self._next = itertools.count(max(top, ino + 1))
+        return node
 
     def __len__(self) -> int:
         return len(self._by_ino)
@@ -154,6 +182,8 @@ class InodeTable:
         if path == node.path:
             node.path = min(node.aliases)
             node.aliases.discard(node.path)
+            if self.log is not None:
+                self.log.bound(node.ino, node.kind, node.path)
         else:
             node.aliases.discard(path)
 
@@ -177,6 +207,8 @@ class InodeTable:
                 del self._by_path[node.path]
         self.split(node)
         node.path = None
+        if self.log is not None:
+            self.log.bound(node.ino, node.kind, None)
         self.maybe_drop(node)
 
     def move(self, old: str, new: str) -> None:
@@ -195,6 +227,8 @@ class InodeTable:
             moved_to = new + p[len(old) :]
             if n.path == p:
                 n.path = moved_to
+                if self.log is not None:
+                    self.log.bound(n.ino, n.kind, moved_to)
             else:
                 n.aliases.discard(p)
                 n.aliases.add(moved_to)
@@ -211,7 +245,8 @@ class InodeTable:
         """Forget ``node`` entirely once nothing references it."""
         if node.ino == ROOT_INO or node.lookups or node.opens:
             return
-        self._by_ino.pop(node.ino, None)
+        if self._by_ino.pop(node.ino, None) is not None and self.log is not None:
+            self.log.dropped(node.ino)
         self.split(node)
         if node.path is not None and self._by_path.get(node.path) is node:
             del self._by_path[node.path]

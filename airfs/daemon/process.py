@@ -12,10 +12,10 @@ detaches it), or in-process with ``--foreground``. Readiness is reported once, o
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import logging
 import logging.handlers
+import math
 import os
 import resource
 import signal
@@ -30,7 +30,7 @@ from airfs.control.server import ControlServer
 from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.core.warm import BackgroundPrefetch
 from airfs.daemon import heap, memdebug
-from airfs.fuse.transport import TransportError, TransportOptions, make_transport
+from airfs.fuse.transport import KernelTransport, TransportError, TransportOptions, make_transport
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Origin, OriginError
 from airfs.origin.latency import LatencyOrigin
@@ -44,6 +44,8 @@ from .config import MountError as MountError
 from .config import check_cache_dir as check_cache_dir
 from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
+from .holder import RETIRED, Link
+from .takeover import lock_cache_dir, mount_or_take_over
 
 log = logging.getLogger("airfs")
 
@@ -159,7 +161,17 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
         return False
 
 
-async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
+#: seconds a retiring daemon waits for the requests it is serving to be answered
+RETIRE_GRACE = 10.0
+
+
+async def serve(
+    cfg: MountConfig,
+    ready: Callable[[str | None], None],
+    link: Link | None = None,
+    takeover: list[int] | None = None,
+    standby: bool = False,
+) -> int:
     """Open the origin, lock the cache dir, build everything, mount and serve until
     unmounted; then drain and tear down. Calls ``ready(None)`` once the mount is up. Returns
     the exit code (0, or 3 when pending writes stayed in the journal); a mount that cannot
@@ -169,19 +181,33 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 1 << 20)), hard))
     overlay_fd = None
-    if cfg.origin is None:
-        overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    reason = check_cache_dir(cfg.cache_dir, cfg.mountpoint, cfg.origin)
-    if reason:
-        raise MountError(reason)
+    if takeover is not None:
+        # the mount is there and nobody serves it: nothing may touch the mountpoint's path
+        overlay_fd = takeover[1] if cfg.origin is None and len(takeover) > 1 else None
+    else:
+        if cfg.origin is None:
+            overlay_fd = os.open(cfg.mountpoint, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        reason = check_cache_dir(cfg.cache_dir, cfg.mountpoint, cfg.origin)
+        if reason:
+            raise MountError(reason)
     sync_origin = open_origin(cfg, overlay_fd)
     posix = posix_of(sync_origin)
     prepare_cache_dir(cfg.cache_dir)
-    lock_fd = os.open(os.path.join(cfg.cache_dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        raise MountError(f"cache dir {cfg.cache_dir} is in use by another airfs mount") from None
+    if standby and link is not None:
+        # loaded and waiting: what a take-over needs later is imported now
+        import airfs.cache
+        import airfs.fuse.kernel.handover  # noqa: F401
+
+        lock_fd = lock_cache_dir(cfg.cache_dir, math.inf)
+        if not link.activate():
+            os.close(lock_fd)
+            sync_origin.close()
+            return 0
+        log.info("standby daemon: the serving one is gone, taking over")
+    else:
+        if takeover is not None and link is not None:
+            link.send("WAITING")  # ready to take over: the holder retires the old daemon now
+        lock_fd = lock_cache_dir(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
     code = 1
     try:
         async with build(
@@ -199,7 +225,7 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
         ) as built:
             if built.recovery.replayed:
                 log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
-            code = await _serve(cfg, built, ready)
+            code = await _serve(cfg, built, ready, link, takeover, overlay_fd)
     except JournalDamaged as exc:
         raise MountError(str(exc)) from None
     except OriginError as exc:
@@ -211,14 +237,35 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
     return code
 
 
-async def _serve(cfg: MountConfig, built: Built, ready: Callable[[str | None], None]) -> int:
-    """Transport, control socket and metrics, then the mount and its tasks (see :func:`serve`)."""
+async def _serve(
+    cfg: MountConfig,
+    built: Built,
+    ready: Callable[[str | None], None],
+    link: Link | None,
+    takeover: list[int] | None,
+    overlay_fd: int | None,
+) -> int:
+    """Transport, control socket and metrics, then the mount and its tasks (see :func:`serve`).
+    With a holder ``link`` the kernel's state is recorded as it changes; ``takeover``: the
+    descriptors of a live connection to serve instead of mounting."""
     prefetcher = BackgroundPrefetch(built.origin, built.readpath, resolve=built.fs.origin_entry)
     initialized = trio.Event()
     fsname = (built.origin.url or "airfs").replace(",", "_").replace(" ", "_")
     try:
+        if link is not None and cfg.fuse != "kernel":
+            raise TransportError(
+                "--restartable needs --fuse kernel (libfuse owns the pyfuse3 transport's "
+                "connection: it cannot be handed to another daemon)"
+            )
         opts = TransportOptions(
-            fsname, _allow_other(cfg), cfg.debug, initialized.set, cfg.passthrough
+            fsname,
+            _allow_other(cfg),
+            cfg.debug,
+            initialized.set,
+            # a passthrough open binds its inode to one kernel backing object that another
+            # daemon could not name: a restartable mount serves every read itself
+            cfg.passthrough and link is None,
+            state_dir=cfg.cache_dir if link is not None else None,
         )
         transport = make_transport(cfg.fuse, built.fs, cfg.ttl, opts)
     except TransportError as exc:
@@ -226,16 +273,15 @@ async def _serve(cfg: MountConfig, built: Built, ready: Callable[[str | None], N
     d = Daemon(cfg, built, transport, prefetcher)
     # Everything that touches the mountpoint path happens before the mount: once mounted,
     # a stat of it would wait for this very process to answer.
-    control = ControlServer(d, socket_path(cfg.mountpoint))
+    control = ControlServer(d, socket_path(cfg.mountpoint, resolve=takeover is None))
     serve_metrics = await _metrics_server(d)
     try:
         trim_idle_s = heap.trim_idle_seconds()
     except ValueError as exc:
         raise MountError(str(exc)) from None
-    try:
-        transport.mount(cfg.mountpoint)
-    except TransportError as exc:
-        raise MountError(str(exc)) from None
+    retired = False
+    if await mount_or_take_over(cfg, transport, link, takeover, overlay_fd):
+        initialized.set()  # INIT was the old daemon's
     code = 0
     try:
         async with trio.open_nursery() as nursery:
@@ -255,9 +301,20 @@ async def _serve(cfg: MountConfig, built: Built, ready: Callable[[str | None], N
                 nursery.start_soon(memdebug.serve, d.components(), os.environ[memdebug.ENV])
             log.info("mounted %s on %s (cache %s)", d.origin.url, cfg.mountpoint, cfg.cache_dir)
             ready(None)
+            if link is not None:
+                link.send("READY")
             with trio.CancelScope() as wait_scope:
                 nursery.start_soon(_set_when, d.fuse_done, wait_scope)
+                if link is not None:
+                    nursery.start_soon(_set_when_retire, link, wait_scope)
                 await d.stop_requested.wait()
+            if link is not None and not d.stop_requested.is_set() and not d.fuse_done.is_set():
+                assert isinstance(transport, KernelTransport)
+                left = await transport.retire(RETIRE_GRACE)
+                log.info("retired: the next daemon takes over (%d request(s) to resend)", left)
+                retired = True
+                nursery.cancel_scope.cancel()
+                return RETIRED
             if not d.fuse_done.is_set():
                 transport.terminate()
                 await d.fuse_done.wait()
@@ -267,6 +324,8 @@ async def _serve(cfg: MountConfig, built: Built, ready: Callable[[str | None], N
             code = 0 if result.get("drained") else 3
             nursery.cancel_scope.cancel()
     finally:
+        if link is not None and not retired:
+            link.send("BYE")
         transport.close()
     return code
 
@@ -338,6 +397,11 @@ async def _abort_stale_uploads(d: Daemon) -> None:
         log.info("aborted %d abandoned multipart upload(s) older than an hour", n)
 
 
+async def _set_when_retire(link: Link, scope: trio.CancelScope) -> None:
+    await link.wait_retire()
+    scope.cancel()
+
+
 async def _set_when(event: trio.Event, scope: trio.CancelScope) -> None:
     await event.wait()
     scope.cancel()
@@ -380,8 +444,17 @@ def setup_logging(cfg: MountConfig, foreground: bool) -> None:
     logging.getLogger("trio").setLevel(logging.WARNING)
 
 
-def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False) -> int:
-    """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code."""
+def run(
+    cfg: MountConfig,
+    ready_fd: int | None = None,
+    foreground: bool = False,
+    holder_fd: int | None = None,
+    takeover: list[int] | None = None,
+    standby: bool = False,
+) -> int:
+    """Run a daemon to completion; report readiness on ``ready_fd``. Returns the exit code.
+    ``holder_fd``: the link to the holder (:mod:`airfs.daemon.holder`); ``takeover``: the
+    descriptors of the live connection it passed (the /dev/fuse one first)."""
     os.umask(UMASK)
     said = False
 
@@ -402,7 +475,8 @@ def run(cfg: MountConfig, ready_fd: int | None = None, foreground: bool = False)
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
         heap.limit_arenas()  # before any worker thread: see airfs/heap.py
-        return trio.run(serve, cfg, ready)
+        link = Link(holder_fd) if holder_fd is not None else None
+        return trio.run(serve, cfg, ready, link, takeover, standby)
     except Exception as exc:
         leaf = first_leaf(exc)  # nurseries wrap errors in groups: report the error itself
         if isinstance(leaf, MountError):
@@ -424,8 +498,22 @@ def main(argv: list[str] | None = None) -> int:
         i = args.index("--ready-fd")
         ready_fd = int(args[i + 1])
         del args[i : i + 2]
+    holder_fd = None
+    if "--holder-fd" in args:
+        i = args.index("--holder-fd")
+        holder_fd = int(args[i + 1])
+        del args[i : i + 2]
+    takeover = None
+    if "--takeover" in args:
+        i = args.index("--takeover")
+        takeover = [int(x) for x in args[i + 1].split(",")]
+        del args[i : i + 2]
+    standby = "--standby" in args
+    if standby:
+        args.remove("--standby")
     cfg = MountConfig.from_json(args[0])
-    return run(cfg, ready_fd, foreground=ready_fd is None)
+    foreground = ready_fd is None and holder_fd is None
+    return run(cfg, ready_fd, foreground, holder_fd, takeover, standby)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,9 @@ from airfs.core.fs import Filesystem
 from airfs.fuse import TRANSPORTS
 
 if TYPE_CHECKING:
+    from airfs.fuse.kernel.handover import TakenOver
     from airfs.fuse.kernel.session import SessionStats
+    from airfs.fuse.kernel.takeover import StateLog
 
 __all__ = [
     "TRANSPORTS",
@@ -73,6 +75,9 @@ class TransportOptions:
     on_init: Callable[[], None]
     #: kernel transport: pass local bytes through where the kernel and privileges allow
     passthrough: bool = True
+    #: kernel transport: record what the kernel holds in this cache dir, so that another
+    #: daemon can take the connection over (None: not recorded)
+    state_dir: str | None = None
 
 
 class GoneRequestReplies(logging.Filter):
@@ -163,7 +168,15 @@ class KernelTransport:
         self.allow_other = opts.allow_other
         self.mountpoint: str | None = None
         self.fd: int | None = None
+        #: close() leaves the file system mounted (another daemon takes the connection over)
+        self.keep_mount = False
         self.session: Session | None = None
+        self.state: StateLog | None = None
+        if opts.state_dir is not None:
+            from airfs.fuse.kernel.takeover import StateLog
+
+            self.state = StateLog(opts.state_dir)
+            fs.inodes.log = self.state
         self._session_on = functools.partial(
             Session,
             fs=fs,
@@ -171,6 +184,7 @@ class KernelTransport:
             on_init=lambda _neg: opts.on_init(),
             pages_limit=max_pages_limit(),
             passthrough=opts.passthrough and kmount.has_cap_sys_admin(),
+            state=self.state,
         )
         if opts.debug:
             logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)
@@ -185,6 +199,39 @@ class KernelTransport:
         self.mountpoint = mountpoint
         self.session = self._session_on(self.fd)
 
+    async def take_over(self, fd: int, mountpoint: str, cache_dir: str) -> TakenOver:
+        """Serve the live connection ``fd`` (mounted on ``mountpoint``) that a previous
+        daemon served, from the state it left in ``cache_dir``; instead of :meth:`mount`.
+        Raises :class:`~airfs.fuse.kernel.takeover.TakeoverRefused` (one line) when it
+        cannot: the caller then clears the mount and mounts again."""
+        from airfs.fuse.kernel.handover import read_state, take_over
+        from airfs.fuse.kernel.takeover import StateLog
+
+        state = read_state(cache_dir)
+        if self.state is None:
+            self.state = StateLog(cache_dir)
+            self._session_on.keywords["state"] = self.state
+        self.fd = fd
+        self.mountpoint = mountpoint
+        self.session = self._session_on(fd)
+        return await take_over(self.session, self.fs, state, self.state)
+
+    def abandon(self, fd: int, mountpoint: str) -> None:
+        """Give up a connection that cannot be taken over: unmount it (lazily: its users
+        get errors once the holder closes its descriptor) and close ``fd``."""
+        self.session = None
+        self.fd, self.mountpoint, self.keep_mount = fd, mountpoint, False
+        self.close()
+
+    async def retire(self, grace: float) -> int:
+        """Stop reading requests, let those being served finish (at most ``grace`` s);
+        :meth:`close` then leaves the mount in place for the next daemon. Returns how many
+        requests were left unanswered (the next daemon has the kernel resend them)."""
+        self.keep_mount = True
+        if self.session is None:
+            return 0
+        return await self.session.retire(grace)
+
     async def main(self) -> None:
         if self.session is None:
             raise TransportError("the kernel transport serves nothing before mount()")
@@ -195,7 +242,10 @@ class KernelTransport:
             self.session.stop()
 
     def close(self) -> None:
-        if self.mountpoint is not None:
+        if self.state is not None:
+            with contextlib.suppress(OSError):
+                self.state.close()
+        if self.mountpoint is not None and not self.keep_mount:
             mp, self.mountpoint = self.mountpoint, None
             try:
                 self._kmount.unmount(mp)

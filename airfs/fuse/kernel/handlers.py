@@ -25,6 +25,7 @@ from airfs.fuse.policy import attr_timeout, entry_timeout, statvfs
 from . import proto
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
+from .takeover import StateLog
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +53,11 @@ class Handlers:
         negative_ttl: float,
         minor: int,
         backing: BackingIds | None,
+        state: StateLog | None = None,
     ) -> None:
         self.fs = fs
+        #: where what the kernel holds is recorded for a daemon taking over (None: nowhere)
+        self.state = state
         self.ttl = ttl
         self.negative_ttl = negative_ttl
         self.minor = minor
@@ -104,6 +108,8 @@ class Handlers:
         return entry_timeout(self.fs, a, self.ttl)
 
     def _entry(self, a: Attr) -> bytes:
+        if self.state is not None:
+            self.state.looked_up(a.ino)
         return proto.entry_out(a, self._entry_ttl(a), self._attr_ttl(a))
 
     # -- handlers (unpack, call the core, pack) ------------------------------------------------
@@ -124,6 +130,8 @@ class Handlers:
     async def _forget(self, req: Request) -> Any:
         (n,) = proto.unpack(proto.FORGET_IN, req.body, "FORGET")
         self.fs.forget([(req.nodeid, n)])
+        if self.state is not None:
+            self.state.forgot([(req.nodeid, n)])
         return NO_REPLY
 
     async def _batch_forget(self, req: Request) -> Any:
@@ -133,6 +141,8 @@ class Handlers:
         count = min(count, (len(body) - off) // proto.FORGET_ONE.size)
         items = [proto.FORGET_ONE.unpack_from(body, off + i * 16) for i in range(count)]
         self.fs.forget(items)
+        if self.state is not None:
+            self.state.forgot(items)
         return NO_REPLY
 
     async def _getattr(self, req: Request) -> Payload:
@@ -224,6 +234,8 @@ class Handlers:
         if flags & os.O_ACCMODE == os.O_RDONLY:
             out |= proto.FOPEN_NOFLUSH  # the core's flush of a read-only handle does nothing
         backing = await self._backing(fh, flags)
+        if self.state is not None:
+            self.state.opened(fh, req.nodeid, flags, backing)
         if backing is None:
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
@@ -261,6 +273,8 @@ class Handlers:
         nm = proto.name(req.body, proto.CREATE_IN.size)
         fh, a = await self.fs.create(req.nodeid, nm, mode, flags)
         backing = await self._backing(fh, flags)
+        if self.state is not None:
+            self.state.opened(fh, a.ino, flags, backing)
         if backing is None:
             return [self._entry(a), proto.open_out(fh, 0)]
         return [self._entry(a), proto.open_out(fh, proto.FOPEN_PASSTHROUGH, backing)]
@@ -291,6 +305,8 @@ class Handlers:
         try:
             await self.fs.release(fh)
         finally:
+            if self.state is not None:
+                self.state.released(fh)
             if key is not None and self.backing is not None and not pt.holds(key):
                 self.backing.drop(key)
         return b""
@@ -320,6 +336,8 @@ class Handlers:
         per_caller = self.fs.dir_per_caller(fh)
         out = 0 if per_caller else proto.FOPEN_CACHE_DIR | (proto.FOPEN_KEEP_CACHE if keep else 0)
         self.dir_cache_kept += keep
+        if self.state is not None:
+            self.state.opened_dir(fh, req.nodeid)
         return proto.open_out(fh, out)
 
     async def _readdir(self, req: Request) -> Payload:
@@ -327,6 +345,7 @@ class Handlers:
         plus = req.opcode == Op.READDIRPLUS
         parts: list[bytes] = []
         used = 0
+        state = self.state
 
         def emit(nm: str, attr: Attr, next_id: int) -> bool:
             nonlocal used
@@ -340,6 +359,8 @@ class Handlers:
                 return False
             parts.append(rec)
             used += len(rec)
+            if plus and state is not None:
+                state.looked_up(attr.ino)
             return True
 
         await self.fs.readdir(fh, off, emit)
@@ -348,6 +369,8 @@ class Handlers:
     async def _releasedir(self, req: Request) -> Payload:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASEDIR")
         self.fs.releasedir(fh)
+        if self.state is not None:
+            self.state.released_dir(fh)
         return b""
 
     async def _statfs(self, req: Request) -> Payload:

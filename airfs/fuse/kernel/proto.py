@@ -244,6 +244,8 @@ FUSE_COMPAT_22_INIT_OUT_SIZE = 24
 # notification codes (fuse_out_header.error when unique == 0)
 NOTIFY_INVAL_INODE_CODE = 2
 NOTIFY_INVAL_ENTRY_CODE = 3
+#: 7.40: the kernel queues again every request read from the device and not answered
+NOTIFY_RESEND_CODE = 7
 
 
 class BadRequest(ValueError):

@@ -43,6 +43,7 @@ from .interrupts import caller_dying
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
+from .takeover import COMPACT_BYTES, StateLog
 
 log = logging.getLogger(__name__)
 
@@ -141,9 +142,13 @@ class Session:
         passthrough: bool = False,
         negative_ttl: float | None = None,
         dying: Callable[[int], bool] = caller_dying,
+        state: StateLog | None = None,
     ) -> None:
         self.fd = fd
         self.dying = dying
+        #: what the kernel holds, recorded for a daemon taking over (None: not recorded)
+        self.state = state
+        self._retiring = False
         self.fs = fs
         self.ttl = ttl
         self.negative_ttl = ttl if negative_ttl is None else negative_ttl
@@ -195,6 +200,40 @@ class Session:
         """Stop serving (outstanding requests are cancelled; the caller unmounts)."""
         self._done.set()
 
+    def adopt(self, neg: Negotiated) -> None:
+        """Serve a connection another daemon negotiated (INIT is sent once per connection:
+        this session never sees it) with what it negotiated."""
+        self.negotiated = neg
+        self._make_handlers(neg)
+
+    def resend(self) -> bool:
+        """Ask the kernel to send again the requests a previous daemon read and never
+        answered (``FUSE_NOTIFY_RESEND``, 7.40); False if the kernel refused."""
+        return self.notify(proto.NOTIFY_RESEND_CODE, b"")
+
+    async def retire(self, grace: float) -> int:
+        """Stop reading requests and wait (at most ``grace`` seconds) for those being served
+        to be answered; returns how many were left unanswered (the next daemon asks the
+        kernel to send them again). The state log is written out."""
+        self._retiring = True
+        with trio.move_on_after(grace):
+            while self._scopes:
+                await trio.sleep(0.005)
+        if self.state is not None:
+            self.state.flush()
+        return len(self._scopes)
+
+    def _make_handlers(self, neg: Negotiated) -> None:
+        self.handlers = Handlers(
+            self.fs,
+            ttl=self.ttl,
+            negative_ttl=self.negative_ttl,
+            minor=int(neg.protocol.split(".")[1]),
+            backing=BackingIds(self.fd) if self.passthrough and neg.passthrough else None,
+            state=self.state,
+        )
+        self._handlers = self.handlers.table()
+
     def _read_ready(self) -> list[bytes]:
         batch: list[bytes] = []
         while len(batch) < BATCH:
@@ -220,6 +259,8 @@ class Session:
         hand the device to a new leader and finish that request here)."""
         batch = backlog
         while True:
+            if self._retiring:
+                await trio.sleep_forever()
             if not batch:
                 try:
                     batch = self._read_ready()
@@ -244,6 +285,9 @@ class Session:
                 await _resume(coro, first)
                 return
             batch = []
+            st = self.state
+            if st is not None and st.size > COMPACT_BYTES:
+                st.compact((n.ino, n.path, n.kind, n.lookups) for n in self.fs.inodes.nodes())
             await trio.lowlevel.checkpoint()
 
     async def _serve(self, raw: bytes) -> None:
@@ -319,14 +363,10 @@ class Session:
             self._reply_error(req.unique, errno.EINVAL)
             return
         self.negotiated = neg
-        self.handlers = Handlers(
-            self.fs,
-            ttl=self.ttl,
-            negative_ttl=self.negative_ttl,
-            minor=int(neg.protocol.split(".")[1]),
-            backing=BackingIds(self.fd) if self.passthrough and neg.passthrough else None,
-        )
-        self._handlers = self.handlers.table()
+        if self.state is not None:
+            self.state.start()
+            self.state.save_init(neg)
+        self._make_handlers(neg)
         self._reply(req.unique, reply)
         log.info(
             "FUSE %s negotiated (kernel offers 7.%d): max_write %d, max_pages %d, "
@@ -360,7 +400,10 @@ class Session:
         self._send([proto.out_header(unique, -code, 0)])
 
     def _send(self, parts: list[Any]) -> bool:
-        """Write one reply; False when the kernel refused it as malformed."""
+        """Write one reply; False when the kernel refused it as malformed. What the state
+        log buffered is written first (the kernel may depend on it once it has the reply)."""
+        if self.state is not None:
+            self.state.flush()
         try:
             os.writev(self.fd, parts)
         except OSError as exc:

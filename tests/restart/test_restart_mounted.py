@@ -1,0 +1,236 @@
+"""Issue 25 part 1 ("a mount that survives its daemon") through real mounts, on both origins:
+a ``--restartable`` mount's daemon is replaced by ``airfs restart`` and killed with SIGKILL,
+while real processes use the mount (a reader of a large file that also maps it and has its
+working directory in the mount, a ``tail -f``); none of them sees an error and every byte
+read is the file's. A take-over that cannot read the saved state clears and remounts with
+one line saying why; ``airfs restart`` of a mount without a holder and ``--restartable``
+with pyfuse3 are refused with their reason.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from airfs.testing.fixtures import Volume
+from airfs.testing.mountfix import Mounted, airfs_cmd, mount, teardown
+
+pytestmark = pytest.mark.mount
+
+SIZE = 48 << 20
+
+
+def _ppid(pid: int) -> int:
+    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _daemon_pid(m: Mounted, other_than: int, timeout: float = 60) -> int:
+    """The pid of the daemon serving ``m`` once it is not ``other_than`` (a take-over)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            pid = int(m.status()["pid"])
+        except Exception:  # the control socket is away during the hand-over
+            pid = other_than
+        if pid != other_than:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"no daemon took over within {timeout}s:\n{m.log_tail()}")
+
+
+@pytest.fixture
+def restartable(make_volume: Callable[..., Volume]) -> Iterator[tuple[Volume, int]]:
+    """A ``--restartable`` kernel-transport mount with a large file and a directory in it;
+    yields it and its holder's pid (checked gone after the teardown)."""
+    v = make_volume("--restartable", "--fuse", "kernel")
+    (v.root / "d").mkdir()
+    data = os.urandom(1 << 20) * (SIZE >> 20)
+    (v.root / "d" / "big").write_bytes(data)
+    (v.root / "d" / "log.txt").write_text("first line\n")
+    v.m.flush()
+    holder = _ppid(v.m.pid)
+    yield v, holder
+    teardown(v.m)
+    deadline = time.monotonic() + 20
+    while _alive(holder) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = _alive(holder)
+    if alive:
+        os.kill(holder, signal.SIGKILL)
+    assert not alive, "the holder did not exit after the unmount"
+
+
+class Jobs:
+    """The processes that use the mount across the hand-overs."""
+
+    def __init__(self, root: Path, pause: float) -> None:
+        env = {**os.environ}
+        self.reader = subprocess.Popen(
+            [sys.executable, "-m", "airfs.testing.jobs", "reader", str(root / "d"), "big",
+             str(1 << 20), str(pause)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        self.tail = subprocess.Popen(
+            ["tail", "-f", str(root / "d" / "log.txt")],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+
+    def finish(self, expect: bytes) -> dict[str, object]:
+        import hashlib
+
+        out, err = self.reader.communicate(timeout=300)
+        assert self.reader.returncode == 0, err
+        got = json.loads(out)
+        assert got["error"] is None, got["error"]
+        want = hashlib.sha256(expect).hexdigest()
+        assert got["read"] == want, "the reader read bytes that are not the file's"
+        assert got["mmap"] == want, "the mapping shows bytes that are not the file's"
+        assert got["listed"] == ["big", "log.txt"]
+        assert self.tail.poll() is None, "tail -f stopped"
+        self.tail.terminate()
+        tout, terr = self.tail.communicate(timeout=10)
+        assert terr == "", terr
+        assert "first line" in tout
+        return got
+
+
+def test_restart_and_kill9_keep_jobs_running(restartable: tuple[Volume, int]) -> None:
+    v, holder = restartable
+    m = v.m
+    data = (v.root / "d" / "big").read_bytes()
+    jobs = Jobs(v.root, pause=0.25)  # 48 reads: ~12 s, across both hand-overs
+    time.sleep(0.5)
+    # (a) airfs restart: the new code takes over, the old daemon retires
+    old = m.pid
+    p = subprocess.run(
+        [*airfs_cmd(), "restart", str(m.mountpoint)], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    assert "hand-over" in p.stdout
+    m.pid = _daemon_pid(m, old)
+    assert _ppid(m.pid) == holder
+    # (b) kill -9: the holder starts a daemon that takes over
+    old = m.pid
+    os.kill(old, signal.SIGKILL)
+    m.pid = _daemon_pid(m, old)
+    assert _ppid(m.pid) == holder
+    assert jobs.reader.poll() is None, "the reader ended before the hand-overs were done"
+    jobs.finish(data)
+    log = m.own_log()
+    assert "retired: the next daemon takes over" in log
+    assert log.count("took over the mount") == 2
+    # what was written through the mount before is all there, and new work goes on
+    (v.root / "d" / "after").write_bytes(b"x" * 1000)
+    assert (v.root / "d" / "after").read_bytes() == b"x" * 1000
+
+
+def test_takeover_without_state_remounts_with_a_reason(restartable: tuple[Volume, int]) -> None:
+    v, _ = restartable
+    m = v.m
+    os.unlink(m.cache_dir / "takeover" / "init.json")
+    old = m.pid
+    os.kill(old, signal.SIGKILL)
+    m.pid = _daemon_pid(m, old)
+    assert (v.root / "d" / "log.txt").read_text() == "first line\n"
+    assert (
+        "cannot take over the mount: no saved INIT (the old daemon never finished INIT); "
+        "clearing it and mounting again" in m.own_log()
+    )
+    # the fresh mount is restartable again
+    old = m.pid
+    os.kill(old, signal.SIGKILL)
+    m.pid = _daemon_pid(m, old)
+    assert (v.root / "d" / "log.txt").read_text() == "first line\n"
+    assert m.own_log().count("took over the mount in") == 1
+
+
+def test_restart_refusals(tmp_path: Path) -> None:
+    from airfs.testing.mountfix import fuse_available
+
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse")
+    origin = tmp_path / "o"
+    origin.mkdir()
+    mp = tmp_path / "mnt"
+    mp.mkdir()
+    p = subprocess.run(
+        [*airfs_cmd(), "mount", "--origin", str(origin), "--cache-dir", str(tmp_path / "c"),
+         "--restartable", "--fuse", "pyfuse3", str(mp)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert p.returncode == 1
+    assert "--restartable needs the kernel transport (--fuse kernel" in p.stderr
+    m = mount(str(origin), mp, tmp_path / "c", "--fuse", "kernel")
+    try:
+        p = subprocess.run(
+            [*airfs_cmd(), "restart", str(mp)], capture_output=True, text=True, timeout=60
+        )
+        assert p.returncode == 1
+        assert "has no holder (mounted without --restartable)" in p.stderr
+    finally:
+        teardown(m)
+    p = subprocess.run(
+        [*airfs_cmd(), "restart", str(mp)], capture_output=True, text=True, timeout=60
+    )
+    assert p.returncode == 1
+    assert "is not an airfs mount" in p.stderr
+
+
+@pytest.mark.slow
+def test_twenty_kill9_in_a_row_under_load(restartable: tuple[Volume, int]) -> None:
+    v, holder = restartable
+    m = v.m
+    data = (v.root / "d" / "big").read_bytes()
+    jobs = Jobs(v.root, pause=1.0)  # 48 reads: ~48 s, across the 20 take-overs
+    for _ in range(20):
+        time.sleep(0.3)
+        old = m.pid
+        os.kill(old, signal.SIGKILL)
+        m.pid = _daemon_pid(m, old)
+        assert _ppid(m.pid) == holder
+    assert jobs.reader.poll() is None, "the reader ended before the take-overs were done"
+    jobs.finish(data)
+    assert m.own_log().count("took over the mount in") == 20
+
+
+def test_a_file_open_for_writing_is_not_reopened(restartable: tuple[Volume, int]) -> None:
+    """The documented limit: a writer's handle is not reopened by the new daemon (its later
+    writes and its close fail with EBADF, never land on another version); what it wrote
+    before is kept under recovered/ by recovery."""
+    v, _ = restartable
+    m = v.m
+    fd = os.open(v.root / "d" / "ckpt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.write(fd, b"a" * 4096)
+        old = m.pid
+        os.kill(old, signal.SIGKILL)
+        m.pid = _daemon_pid(m, old)
+        with pytest.raises(OSError) as exc:
+            os.write(fd, b"b" * 4096)
+        assert exc.value.errno == errno.EBADF
+    finally:
+        with pytest.raises(OSError) as exc:
+            os.close(fd)  # the kernel's file is released all the same
+        assert exc.value.errno == errno.EBADF
+    assert (m.cache_dir / "recovered" / "d" / "ckpt").read_bytes() == b"a" * 4096
+    assert "was open for writing: not reopened" in m.own_log()
+    # the reader side is unharmed
+    assert (v.root / "d" / "log.txt").read_text() == "first line\n"
