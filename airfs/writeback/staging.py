@@ -55,13 +55,10 @@ from .journal import Journal
 from .records import Records
 from .space import DiskFloor, StatVfs, default_min_free
 from .stagedio import WRITE_HOP_MIN, StagedBytes, allocated
-from .stagefiles import open_spares
+from .stagefiles import SPARES, Spares
 from .versions import Close, PathState, Staged, close_due
 
-__all__ = ["WRITE_HOP_MIN", "PathState", "Staged", "StagingArea", "failure_message"]
-
-#: empty staging files made at a time, ahead of the creates that use them
-SPARES = 16
+__all__ = ["SPARES", "WRITE_HOP_MIN", "PathState", "Staged", "StagingArea", "failure_message"]
 
 log = logging.getLogger(__name__)
 
@@ -110,38 +107,22 @@ class StagingArea:
         #: conflicts not yet reported to a barrier (path, kept copy): the next flush covering
         #: the path fails naming them, even when the conflict happened before it started
         self.unreported: list[tuple[str, str]] = []
-        #: empty staging files made ahead (id, file, fd), so that a create needs no thread
-        self._spares: list[tuple[str, str, int]] = []
+        #: empty staging files made ahead, so that a create needs no thread
+        self.spares = Spares(self.dir)
         #: called with a path whose commit may have become possible (the uploader's queue)
         self.on_ready: Callable[[PathState], None] = lambda ps: None
 
     # -- creation --------------------------------------------------------------------------
 
     async def _new_file(self, path: str) -> Staged:
-        """A new staging file for ``path``: one of the spare empty files, made
-        :data:`SPARES` at a time in a worker thread. Its path attribute (what recovery names
-        the bytes of a file open at a crash by: ``recovered/<path>``) is a durable change:
-        the operation creating it settles before it answers."""
-        if not self._spares:
-            self._spares = await trio.to_thread.run_sync(open_spares, self.dir, SPARES)
-        sid, file, fd = self._spares.pop()
+        """A new staging file for ``path``: one of the :attr:`spares`. Its path attribute
+        (what recovery names the bytes of a file open at a crash by: ``recovered/<path>``) is a
+        durable change: the operation creating it settles before it answers."""
+        sid, file, fd = await self.spares.take()
         st = Staged(sid, file, fd, 0o644, time.time_ns(), 0)
         self.records.name(st, path)
         self.all[sid] = st
         return st
-
-    def spare_ids(self) -> set[str]:
-        """The ids (file names) of the spare staging files."""
-        return {sid for sid, _file, _fd in self._spares}
-
-    def close_spares(self) -> None:
-        """Delete the spare staging files (at close; recovery deletes those of a crash)."""
-        spares, self._spares = self._spares, []
-        for _sid, file, fd in spares:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            with contextlib.suppress(OSError):
-                os.unlink(file)
 
     async def create(self, path: str, base_version: str | None, mode: int) -> Staged:
         """A new, empty file at ``path`` replacing what is staged there (which is
@@ -502,7 +483,7 @@ class StagingArea:
         except OSError as exc:
             log.error("staging: could not write the last journal changes: %s", exc)
         self.disk.close()
-        self.close_spares()
+        self.spares.close()
         for st in list(self.all.values()):
             with contextlib.suppress(OSError):
                 os.close(st.fd)

@@ -220,7 +220,7 @@ async def test_create_write_release_commits(tmp_path: Path) -> None:
         # the staged copy is dropped once committed and closed
         assert c.area.get("new.bin") is None
         await c.area.settle(sync=True)  # (deletions: next threaded batch)
-        assert set(os.listdir(c.area.dir)) == c.area.spare_ids()
+        assert set(os.listdir(c.area.dir)) == c.area.spares.ids()
         # reads now come from the origin
         before = c.mem.calls["read_range"]
         assert await c.read_all(ino) == data
@@ -390,7 +390,7 @@ async def test_unlink_staged_only_never_reaches_origin(tmp_path: Path) -> None:
         await c.flush()
         assert c.mem.calls["put"] == 0 and c.mem.calls["delete"] == 0
         await c.area.settle(sync=True)  # (deletions: next threaded batch)
-        assert set(os.listdir(c.area.dir)) == c.area.spare_ids()
+        assert set(os.listdir(c.area.dir)) == c.area.spares.ids()
         with pytest.raises(OSError) as info:
             await c.fs.getattr(attr.ino)
         assert info.value.errno in (errno.ENOENT, errno.ESTALE)

@@ -24,7 +24,7 @@ from airfs.core.inodes import ROOT_INO
 from airfs.daemon.build import Built, build
 from airfs.testing import corehost as ch
 from airfs.testing.memory import MemoryOrigin
-from airfs.writeback import applier, diskq, stagedio, staging
+from airfs.writeback import applier, diskq, stagedio, stagefiles, staging
 from airfs.writeback.journal import RECORD_XATTR, Journal, Record
 
 BIG = b"x" * (staging.WRITE_HOP_MIN * 2)
@@ -344,8 +344,8 @@ async def test_rewrite_opened_while_the_previous_version_commits(
         st = b.area.get("f")
         assert st is not None
         await held_put.entered_thread()  # its commit is under way, held
-        b.area.close_spares()  # the next new staging file is made in a worker thread
-        monkeypatch.setattr(staging, "open_spares", gate.hold(staging.open_spares))
+        b.area.spares.close()  # the next new staging file is made in a worker thread
+        monkeypatch.setattr(stagefiles, "open_spares", gate.hold(stagefiles.open_spares))
         async with trio.open_nursery() as n:
             result: list[int] = []
 
