@@ -21,20 +21,15 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import trio
 
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.server import ControlServer
-from airfs.core.readpath import DirectReadPath, ReadPath
 from airfs.core.warm import BackgroundPrefetch
 from airfs.daemon import heap, memdebug
 from airfs.fuse.transport import KernelTransport, TransportError, TransportOptions, make_transport
-from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Origin, OriginError
-from airfs.origin.latency import LatencyOrigin
-from airfs.origin.posix import PosixOrigin, tmp_tag
+from airfs.origin.base import OriginError
 from airfs.writeback.journal import JournalDamaged
 
 from .build import Built, build
@@ -45,80 +40,10 @@ from .config import check_cache_dir as check_cache_dir
 from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
+from .origins import make_readpath, open_origin, posix_of
 from .takeover import lock_cache_dir, mount_or_take_over
 
 log = logging.getLogger("airfs")
-
-
-def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
-    """Build the origin named by the config (wrapped in a latency emulator if asked).
-    Raises :class:`MountError`."""
-    origin = _open_origin(cfg, overlay_fd)
-    if cfg.emulate_latency or cfg.emulate_bandwidth:
-        return LatencyOrigin(origin, cfg.emulate_latency, cfg.emulate_bandwidth)
-    return origin
-
-
-def posix_of(origin: Origin) -> PosixOrigin | None:
-    """The POSIX origin ``origin`` is (or emulates the latency of), else None."""
-    inner = origin.inner if isinstance(origin, LatencyOrigin) else origin
-    return inner if isinstance(inner, PosixOrigin) else None
-
-
-def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
-    spec = cfg.origin
-    try:
-        if spec is None:
-            assert overlay_fd is not None
-            return PosixOrigin(cfg.mountpoint, dir_fd=overlay_fd, tag=tmp_tag(cfg.cache_dir))
-        if spec.startswith("s3://"):
-            try:
-                from airfs.origin.s3 import S3Origin
-            except ImportError as exc:  # pragma: no cover - s3 support is part of the package
-                raise MountError(f"S3 origins are not available: {exc}") from None
-            extra: dict[str, Any] = {}
-            if cfg.s3_default_mode is not None:
-                extra["default_mode"] = cfg.s3_default_mode
-            if cfg.s3_timeout is not None:
-                extra["stall_timeout"] = cfg.s3_timeout
-            return S3Origin.from_url(
-                spec,
-                endpoint=cfg.s3_endpoint,
-                region=cfg.s3_region,
-                path_style=cfg.s3_path_style,
-                list_heads=cfg.s3_list_heads,
-                **extra,
-            )
-        if "://" in spec and not spec.startswith("file://"):
-            raise MountError(f"unsupported origin {spec!r} (use a directory or s3://bucket/prefix)")
-        return PosixOrigin(spec.removeprefix("file://"), tag=tmp_tag(cfg.cache_dir))
-    except OriginError as exc:
-        raise MountError(f"origin {spec or cfg.mountpoint}: {exc.strerror or exc}") from None
-
-
-async def make_readpath(cfg: MountConfig, origin: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
-    """The block cache + prefetcher (direct origin reads with ``no_cache``)."""
-    if cfg.no_cache:
-        return DirectReadPath(origin)
-    from airfs.cache import CacheDamaged, CachedReadPath, CacheInUse, set_aside
-
-    blocks = os.path.join(cfg.cache_dir, "blocks")
-    for attempt in range(2):
-        try:
-            return await CachedReadPath.create(
-                nursery, origin, blocks, cache_size=cfg.cache_size, min_free=cfg.min_free
-            )
-        except CacheInUse as exc:
-            raise MountError(str(exc)) from None
-        except CacheDamaged as exc:
-            if not cfg.rebuild_cache or attempt:
-                raise MountError(
-                    f"{exc}; mount with --rebuild-cache to move it aside and start with an "
-                    "empty block cache (pending writes are kept)"
-                ) from None
-            moved = await trio.to_thread.run_sync(set_aside, exc.path)
-            log.warning("%s; moved to %s, starting with an empty block cache", exc, moved)
-    raise AssertionError("unreachable")
 
 
 def _allow_other(cfg: MountConfig) -> bool:
