@@ -298,29 +298,39 @@ class Core:
 
     async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
         """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
-        is valid from: from a fresh listing of its directory when there is one (a large
-        expired listing is fetched again, one request for all its names), else from ``stat``."""
+        is valid from: from a fresh listing of its directory when there is one (an expired
+        listing is fetched again when that is worth it: :mod:`airfs.core.listings`), else
+        from ``stat``."""
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
             if listing is None and self.listings.worth_relisting(parent):
-                listing = await self.relist(parent)
+                listing = await self.relist(parent, time.monotonic())
             if listing is not None:
+                listing.asked += 1
                 entry = listing.entries.get(name)
                 if entry is None:
                     self.listings.negative_hits += 1
                 else:
                     self.listings.hits += 1
                 return entry, listing.at
+            self.listings.asked(parent)
         t0 = time.monotonic()
         return await self.stat(path, fast=True), t0
 
-    async def relist(self, dir_path: str) -> Listing | None:
-        """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
+    async def relist(self, dir_path: str, since: float) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
+        that finds one in flight waits for it). The listing is returned to a caller that
+        asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as of
+        its start, so no change older than the TTL is missed), even if it expired while it
+        was fetched."""
         busy = self.relisting.get(dir_path)
         if busy is not None:
             await busy.wait()
-            return self.listings.fresh(dir_path)
+            listing = self.listings.latest(dir_path)
+            if listing is None:
+                return None
+            return listing if since - listing.at < self.ttl else None
         done = self.relisting[dir_path] = trio.Event()
         try:
             t0 = time.monotonic()
@@ -330,8 +340,8 @@ class Core:
                 self.listings.drop(dir_path)
                 return None
             self.listings.relists += 1
-            listing = self.listings.put(dir_path, entries, t0)
-            return listing if self.listings.fresh(dir_path) is listing else None
+            listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
+            return listing if self.listings.kept(dir_path, listing) else None
         finally:
             del self.relisting[dir_path]
             done.set()

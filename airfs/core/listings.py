@@ -8,6 +8,17 @@ fast on a remote origin. Changes made through this mount update the cached listi
 (:meth:`ListingCache.record`) and are replayed onto a listing whose fetch raced them; a
 listing whose fetch raced a change of unknown outcome (:meth:`ListingCache.discard`) is not
 kept.
+
+When a listing expires, the next name asked in its directory fetches the whole listing again
+(one request, or one ``scandir`` in a worker thread) rather than asking the origin about that
+one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relisting`):
+
+* its last fetch took less than half the TTL (``RELIST_MAX_TOOK``): a listing that takes
+  longer is nearly or already expired when it arrives, and fetching it again for each name
+  would cost a whole listing per name (a 100k-entry directory: seconds per ``stat``);
+* it holds at most one page (``PAGE`` entries: one S3 LIST request), or at least one name
+  per page was asked of the directory since it was fetched (a directory with one hot file
+  among 100k is asked about that file, by name, not listed again every TTL).
 """
 
 from __future__ import annotations
@@ -17,6 +28,13 @@ import time
 from dataclasses import dataclass
 
 from airfs.origin.base import Entry, split
+
+#: a listing whose fetch took this fraction of the TTL or more is not fetched again to
+#: answer a name (it would be stale, or nearly, by the time it arrives)
+RELIST_MAX_TOOK = 0.5
+#: entries of one listing request (an S3 LIST page): a directory up to this size costs one
+#: request to list, as much as one ``stat``
+PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,20 +50,21 @@ class ListingStats:
 
 @dataclass
 class Listing:
+    """A directory's listing fetched at monotonic time ``at`` in ``took`` seconds; ``asked``:
+    names asked of its directory since (answered from it, or by name once it expired)."""
+
     at: float
     entries: dict[str, Entry]
+    took: float = 0.0
+    asked: int = 0
 
 
 class ListingCache:
     """Bounded LRU of directory listings. Trio loop only."""
 
-    def __init__(self, ttl: float, *, max_dirs: int = 4096, relist_min: int = 0) -> None:
+    def __init__(self, ttl: float, *, max_dirs: int = 4096) -> None:
         self.ttl = ttl
         self.max_dirs = max_dirs
-        #: an expired listing with at least this many entries is fetched again in one request
-        #: rather than answering its names with one ``stat`` each (a directory that was listed
-        #: or created through the mount is likely to see more lookups)
-        self.relist_min = relist_min
         self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
         #: when a directory last changed in a way a listing cannot be patched for
         self._changed: dict[str, float] = {}
@@ -55,10 +74,10 @@ class ListingCache:
         self.negative_hits = 0
         self.relists = 0
 
-    def put(self, dir_path: str, entries: list[Entry], at: float) -> Listing:
-        """Store a listing fetched at ``at`` (kept only if no change through the mount
-        touched the directory since ``at``)."""
-        listing = Listing(at, {e.name: e for e in entries})
+    def put(self, dir_path: str, entries: list[Entry], at: float, took: float = 0.0) -> Listing:
+        """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
+        through the mount touched the directory since ``at``)."""
+        listing = Listing(at, {e.name: e for e in entries}, took)
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)
@@ -85,9 +104,28 @@ class ListingCache:
             return None
         return listing
 
+    def latest(self, dir_path: str) -> Listing | None:
+        """The listing kept for ``dir_path``, fresh or not."""
+        return self._dirs.get(dir_path)
+
+    def kept(self, dir_path: str, listing: Listing) -> bool:
+        """Whether ``listing`` is the one kept for ``dir_path`` (:meth:`put` may refuse it)."""
+        return self._dirs.get(dir_path) is listing
+
     def worth_relisting(self, dir_path: str) -> bool:
+        """Whether the next name asked in ``dir_path`` (whose listing expired) should fetch
+        its listing again rather than ask about that name (the rule in the module's text)."""
         listing = self._dirs.get(dir_path)
-        return listing is not None and len(listing.entries) >= self.relist_min
+        if listing is None or listing.took >= self.ttl * RELIST_MAX_TOOK:
+            return False
+        return len(listing.entries) <= PAGE or listing.asked * PAGE >= len(listing.entries)
+
+    def asked(self, dir_path: str) -> None:
+        """A name in ``dir_path`` was asked of the origin by itself (its listing expired and
+        was not fetched again): counts toward fetching it again."""
+        listing = self._dirs.get(dir_path)
+        if listing is not None:
+            listing.asked += 1
 
     def record(self, path: str, entry: Entry | None) -> None:
         """A change made through the mount: ``path`` now has ``entry`` (None: removed)."""

@@ -54,7 +54,7 @@ class Names:
         staged = self.core.area.children(path)
         t0 = time.monotonic()
         listed = await self.core.origin.list(path)
-        self.core.listings.put(path, listed, t0)
+        self.core.listings.put(path, listed, t0, time.monotonic() - t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None
