@@ -1,0 +1,93 @@
+"""Revalidation by directory through the kernel (issue 22, items 2 and 6), both origins and
+both transports: after the TTL one listing answers the names of a directory, and a change,
+an addition or a removal at the origin is seen within the TTL; a directory whose listing
+arrives stale is asked by name, not listed again for each name. Counted with the daemon's
+statistics (``airfs status``: ``fs.relists``, ``origin_calls.calls``), never timed."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from airfs.control import client
+from airfs.testing.fixtures import Volume
+
+pytestmark = pytest.mark.mount
+
+N = 30
+
+
+@pytest.fixture(params=["kernel", "pyfuse3"])
+def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setenv("AIRFS_TEST_FUSE", request.param)
+    return str(request.param)
+
+
+def put(v: Volume, tmp: Path, rel: str, data: bytes) -> None:
+    """Write ``rel`` at the origin itself (another writer than this mount)."""
+    src = tmp / "src.bin"
+    src.write_bytes(data)
+    v.spec.view.put(rel, str(src))
+
+
+def counts(v: Volume) -> tuple[int, int, int]:
+    """(listings fetched again, origin ``stat`` calls, origin ``list`` calls) so far."""
+    s: dict[str, Any] = client.status(str(v.root))
+    calls = s["origin_calls"]["calls"]
+    return s["fs"]["relists"], calls.get("stat", 0), calls.get("list", 0)
+
+
+def test_one_listing_revalidates_a_directory_and_origin_changes_are_seen(
+    make_volume, transport: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    v: Volume = make_volume("--ttl", "1")
+    v.spec.view.mkdir("d")
+    for i in range(N):
+        put(v, tmp_path, f"d/f{i:02d}", b"x")
+    d = v.root / "d"
+    names = sorted(os.listdir(d))
+    assert len(names) == N
+    for n in names:
+        os.stat(d / n)
+    time.sleep(1.2)  # the TTL passes (kernel entries and the daemon's listing)
+    r0, s0, _ = counts(v)
+    for n in names:
+        assert os.stat(d / n).st_size == 1
+    r1, s1, _ = counts(v)
+    assert r1 - r0 == 1, "one listing revalidates the directory"
+    assert s1 - s0 <= 2, f"names asked one by one: {s1 - s0} stats for {N} names"
+    # changed, added and removed at the origin right after that listing
+    put(v, tmp_path, "d/f03", b"changed")
+    put(v, tmp_path, "d/new", b"n")
+    v.spec.view.delete("d/f04")
+    time.sleep(1.2)
+    assert os.stat(d / "f03").st_size == len(b"changed")
+    assert (d / "f03").read_bytes() == b"changed"
+    assert os.stat(d / "new").st_size == 1
+    with pytest.raises(FileNotFoundError):
+        os.stat(d / "f04")
+    assert sorted(os.listdir(d)) == sorted({*names, "new"} - {"f04"})
+
+
+def test_a_directory_whose_listing_arrives_stale_is_asked_by_name(
+    make_volume, transport: str
+) -> None:  # type: ignore[no-untyped-def]
+    # `ls -l` of a 100k-entry directory hung: each lstat after the TTL waited for a whole
+    # listing that arrived already expired. Here every origin call takes 0.3 s, more than
+    # half the 0.4 s TTL: the listing is never fetched again to answer a name.
+    v: Volume = make_volume("--ttl", "0.4", "--emulate-latency", "0.3")
+    for i in range(8):
+        (v.root / f"f{i}").write_bytes(b"y")
+    v.m.flush()
+    os.listdir(v.root)
+    time.sleep(0.5)
+    r0, s0, _ = counts(v)
+    for i in range(8):
+        assert os.stat(v.root / f"f{i}").st_size == 1
+    r1, s1, _ = counts(v)
+    assert r1 == r0, "no listing fetched again for a name"
+    assert s1 - s0 >= 1
