@@ -134,6 +134,8 @@ class Core:
         self.latency = Latencies()
         self.listings = ListingCache(ttl)
         self.relisting: dict[str, trio.Event] = {}
+        #: opens answered inline (:meth:`~airfs.core.files.Files.open`'s fast way)
+        self.fast_opens = 0
         caps = origin.capabilities
         self.pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
         self.unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
