@@ -317,6 +317,17 @@ class Core:
                     self.listings.hits += 1
                 return entry, listing.at
             self.listings.asked(parent)
+            ahead = self.listings.take_ahead(parent, name)
+            if ahead is not None:
+                return ahead
+            more = self.listings.walk_ahead(parent, name)
+            if more:
+                t0 = time.monotonic()
+                got = await self.origin.stat_many(
+                    [path, *(join(parent, n) for n in more)], fast=True
+                )
+                self.listings.put_ahead(parent, list(zip(more, got[1:], strict=False)), t0)
+                return got[0], t0
         t0 = time.monotonic()
         return await self.stat(path, fast=True), t0
 

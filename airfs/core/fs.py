@@ -317,6 +317,7 @@ class Filesystem:
             listing_hits=ls.listing_hits,
             listing_negative_hits=ls.listing_negative_hits,
             relists=ls.relists,
+            ahead_hits=self.core.listings.ahead_hits,
             fast_opens=self.core.fast_opens,
             ops=dict(self.core.ops),
             latency=self.core.latency.snapshot(),

@@ -19,13 +19,20 @@ one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relist
 * it holds at most one page (``PAGE`` entries: one S3 LIST request), or at least one name
   per page was asked of the directory since it was fetched (a directory with one hot file
   among 100k is asked about that file, by name, not listed again every TTL).
+
+A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
+asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
+the next ones are asked of the origin with the asked one, in the same worker-thread job
+(a window doubling up to ``AHEAD_MAX`` names while the walk goes on). Each answer counts
+from the moment the job started, as a ``stat`` would: it answers its name for the TTL.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from airfs.origin.base import Entry, split
 
@@ -35,6 +42,8 @@ RELIST_MAX_TOOK = 0.5
 #: entries of one listing request (an S3 LIST page): a directory up to this size costs one
 #: request to list, as much as one ``stat``
 PAGE = 1000
+#: the most names asked ahead of a walk in one origin job
+AHEAD_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +66,12 @@ class Listing:
     entries: dict[str, Entry]
     took: float = 0.0
     asked: int = 0
+    #: names asked ahead of a walk (see the module docstring): name -> (entry or None, at)
+    ahead: dict[str, tuple[Entry | None, float]] = field(default_factory=dict)
+    #: the names in order (made at the first walk), the walk's window and the name it expects
+    order: list[str] | None = None
+    window: int = 1
+    expect: str | None = None
 
 
 class ListingCache:
@@ -73,6 +88,7 @@ class ListingCache:
         self.hits = 0
         self.negative_hits = 0
         self.relists = 0
+        self.ahead_hits = 0
 
     def put(self, dir_path: str, entries: list[Entry], at: float, took: float = 0.0) -> Listing:
         """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
@@ -127,6 +143,49 @@ class ListingCache:
         if listing is not None:
             listing.asked += 1
 
+    def walk_ahead(self, dir_path: str, name: str) -> list[str]:
+        """``name`` of ``dir_path`` is about to be asked of the origin by itself: the names
+        after it in the directory's listing to ask with it (none unless the names asked
+        follow one another in the listing's order)."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return []
+        if listing.order is None:
+            listing.order = sorted(listing.entries)
+        order = listing.order
+        i = bisect.bisect_left(order, name)
+        if i >= len(order) or order[i] != name:
+            listing.window, listing.expect = 1, None
+            return []
+        listing.window = min(2 * listing.window, AHEAD_MAX) if listing.expect == name else 1
+        end = i + listing.window
+        listing.expect = order[end] if end < len(order) else None
+        return order[i + 1 : end]
+
+    def put_ahead(self, dir_path: str, got: list[tuple[str, Entry | None]], at: float) -> None:
+        """Keep the entries of names asked ahead at ``at`` (not those changed through the
+        mount since ``at``: their change is newer)."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return
+        recent = self._changes.get(dir_path, {})
+        for name, entry in got:
+            change = recent.get(name)
+            if change is None or change[0] < at:
+                listing.ahead[name] = (entry, at)
+
+    def take_ahead(self, dir_path: str, name: str) -> tuple[Entry | None, float] | None:
+        """The entry of ``name`` asked ahead and still fresh (entry or None, when it was
+        asked), once; None when there is none."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return None
+        got = listing.ahead.pop(name, None)
+        if got is None or time.monotonic() - got[1] >= self.ttl:
+            return None
+        self.ahead_hits += 1
+        return got
+
     def record(self, path: str, entry: Entry | None) -> None:
         """A change made through the mount: ``path`` now has ``entry`` (None: removed)."""
         parent, name = split(path)
@@ -140,6 +199,7 @@ class ListingCache:
         listing = self._dirs.get(parent)
         if listing is None:
             return
+        listing.ahead.pop(name, None)
         if entry is None:
             listing.entries.pop(name, None)
         else:

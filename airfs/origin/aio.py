@@ -37,7 +37,17 @@ import trio
 
 from airfs.obs.histogram import Latencies, LatencyHistogram, as_dicts
 
-from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Stalled, Transient
+from .base import (
+    Capabilities,
+    Entry,
+    FsStats,
+    Kind,
+    NotFound,
+    Origin,
+    OriginError,
+    Stalled,
+    Transient,
+)
 
 log = logging.getLogger(__name__)
 
@@ -210,6 +220,32 @@ class AsyncOrigin:
 
     async def stat(self, path: str, *, fast: bool = False) -> Entry:
         return await self.call(self.sync.stat, path, what=f"stat {path}", op="stat", fast=fast)
+
+    async def stat_many(
+        self, paths: list[str], *, fast: bool = False, budget_s: float = 0.02
+    ) -> list[Entry | None]:
+        """``stat`` of ``paths[0]`` and then of the others, in one worker-thread job, as far
+        as the job's ``budget_s`` goes (the answer may be shorter than ``paths``, never
+        empty); None for a name that does not exist. Only the first one's errors raise."""
+        return await self.call(
+            self._stat_many, paths, budget_s, what=f"stat {paths[0]}", op="stat", fast=fast
+        )
+
+    def _stat_many(self, paths: list[str], budget_s: float) -> list[Entry | None]:
+        out: list[Entry | None] = []
+        t0 = perf_counter()
+        for i, p in enumerate(paths):
+            try:
+                out.append(self.sync.stat(p))
+            except NotFound:
+                out.append(None)
+            except OriginError:
+                if not i:
+                    raise
+                break
+            if perf_counter() - t0 > budget_s:
+                break
+        return out
 
     async def list(self, path: str, *, fast: bool = False) -> list[Entry]:
         return await self.call(
