@@ -109,6 +109,7 @@ class Core:
         root_entry: Entry,
         *,
         ttl: float = 1.0,
+        immutable: bool = False,
         owner: Owner | None = None,
         write_wait_s: float = 30.0,
         allow_devices: bool = False,
@@ -123,6 +124,8 @@ class Core:
         self.readpath = readpath
         self.area = area
         self.ttl = ttl
+        #: names and versions are trusted until :meth:`forget_known` (``airfs refresh``)
+        self.immutable = immutable
         self.owner = owner or Owner(os.getuid(), os.getgid())
         self.write_wait_s = write_wait_s
         self.inodes = InodeTable(root_entry, guard.storage if guard is not None else None)
@@ -132,7 +135,7 @@ class Core:
         self.ops: collections.Counter[str] = collections.Counter()
         #: durations of the core operations (see :func:`counted`)
         self.latency = Latencies()
-        self.listings = ListingCache(ttl)
+        self.listings = ListingCache(ttl, immutable=immutable)
         self.relisting: dict[str, trio.Event] = {}
         #: opens answered inline (:meth:`~airfs.core.files.Files.open`'s fast way)
         self.fast_opens = 0
@@ -239,9 +242,28 @@ class Core:
         """Whether ``node.entry`` may be used without asking the origin. A file with several
         names is always asked (a change through another name moves its link count)."""
         e = node.entry
+        if self.immutable:
+            return e is not None and node.fetched > 0.0  # 0: forgotten (or never asked)
         if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
             return False
         return time.monotonic() - node.fetched < self.ttl
+
+    def forget_known(self, path: str) -> dict[str, int]:
+        """Make ``path`` and everything under it be asked of the origin again at its next
+        use (see :meth:`~airfs.core.fs.Filesystem.refresh`)."""
+        prefix = f"{path}/" if path else ""
+        names = 0
+        for node in self.inodes.nodes():
+            p = node.path
+            if p is not None and (p == path or p.startswith(prefix)) and node.fetched > 0.0:
+                node.fetched = 0.0
+                names += 1
+        listings = self.listings.drop(path)
+        if path:  # the directory's listing names it too
+            parent = split(path)[0]
+            listings += self.listings.latest(parent) is not None
+            self.listings.discard(parent)
+        return {"names": names, "listings": listings}
 
     def per_caller(self, ino: int, name: str | None = None) -> bool:
         """Whether the kernel's answer about inode ``ino`` (with ``name``: about that name in

@@ -77,8 +77,10 @@ class Listing:
 class ListingCache:
     """Bounded LRU of directory listings. Trio loop only."""
 
-    def __init__(self, ttl: float, *, max_dirs: int = 4096) -> None:
+    def __init__(self, ttl: float, *, max_dirs: int = 4096, immutable: bool = False) -> None:
         self.ttl = ttl
+        #: listings never expire (until :meth:`drop`): ``--immutable``
+        self.immutable = immutable
         self.max_dirs = max_dirs
         self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
         #: when a directory last changed in a way a listing cannot be patched for
@@ -116,7 +118,7 @@ class ListingCache:
 
     def fresh(self, dir_path: str) -> Listing | None:
         listing = self._dirs.get(dir_path)
-        if listing is None or time.monotonic() - listing.at >= self.ttl:
+        if listing is None or (not self.immutable and time.monotonic() - listing.at >= self.ttl):
             return None
         return listing
 
@@ -205,13 +207,15 @@ class ListingCache:
         else:
             listing.entries[name] = entry
 
-    def drop(self, path: str) -> None:
-        """Forget listings of ``path`` and of every directory under it."""
+    def drop(self, path: str) -> int:
+        """Forget listings of ``path`` and of every directory under it; returns how many."""
         prefix = path + "/" if path else ""
-        for p in [p for p in self._dirs if p == path or p.startswith(prefix)]:
+        gone = [p for p in self._dirs if p == path or p.startswith(prefix)]
+        for p in gone:
             del self._dirs[p]
             self._changes.pop(p, None)
         self._changed[path] = time.monotonic()
+        return len(gone)
 
     def discard(self, dir_path: str) -> None:
         """Forget the listing of ``dir_path`` only."""

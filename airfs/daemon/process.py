@@ -188,6 +188,7 @@ async def serve(cfg: MountConfig, ready: Callable[[str | None], None]) -> int:
             sync_origin,
             cfg.cache_dir,
             ttl=cfg.ttl,
+            immutable=cfg.immutable,
             staging_size=cfg.staging_size,
             staging_min_free=cfg.staging_min_free,
             write_wait=cfg.write_wait,

@@ -7,6 +7,7 @@ statistics (``airfs status``: ``fs.relists``, ``origin_calls.calls``), never tim
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 
 from airfs.control import client
 from airfs.testing.fixtures import Volume
+from airfs.testing.mountfix import airfs_cmd
 
 pytestmark = pytest.mark.mount
 
@@ -91,3 +93,38 @@ def test_a_directory_whose_listing_arrives_stale_is_asked_by_name(
     r1, s1, _ = counts(v)
     assert r1 == r0, "no listing fetched again for a name"
     assert s1 - s0 >= 1
+
+
+def test_immutable_mount_trusts_the_origin_until_airfs_refresh(
+    make_volume, transport: str, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    v: Volume = make_volume("--ttl", "0.3", "--immutable")
+    put(v, tmp_path, "data.bin", b"v1")
+    assert (v.root / "data.bin").read_bytes() == b"v1"
+    assert "data.bin" in os.listdir(v.root)  # the directory is listed once
+    put(v, tmp_path, "data.bin", b"version 2")  # changed at the origin
+    put(v, tmp_path, "late.bin", b"late")  # and added
+    time.sleep(0.4)
+    _, s0, l0 = counts(v)
+    for _ in range(3):
+        assert os.stat(v.root / "data.bin").st_size == 2
+        assert sorted(os.listdir(v.root)) == ["data.bin"]
+        time.sleep(0.35)  # the kernel asks again each TTL; the daemon trusts what it knows
+    _, s1, l1 = counts(v)
+    assert (s1, l1) == (s0, l0), "nothing asked of the origin"
+    (v.root / "mine.txt").write_bytes(b"mine")  # writes still work, seen at once
+    assert (v.root / "mine.txt").read_bytes() == b"mine"
+    assert sorted(os.listdir(v.root)) == ["data.bin", "mine.txt"]
+    bad = subprocess.run(
+        [*airfs_cmd(), "refresh", str(tmp_path / "elsewhere")], capture_output=True, text=True
+    )
+    assert bad.returncode != 0 and "not" in bad.stderr.lower()
+    done = subprocess.run(
+        [*airfs_cmd(), "refresh", str(v.root / "data.bin")], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    time.sleep(0.35)  # what the kernel keeps (the TTL)
+    assert os.stat(v.root / "data.bin").st_size == len(b"version 2")
+    assert (v.root / "data.bin").read_bytes() == b"version 2"
+    # a refresh of a name also forgets its directory's listing: names added there appear
+    assert (v.root / "late.bin").read_bytes() == b"late"

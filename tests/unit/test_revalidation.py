@@ -6,6 +6,7 @@ a fetch slow)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -154,3 +155,33 @@ async def test_a_walk_of_a_directory_asked_by_name_asks_ahead(tmp_path: Path) ->
         assert (await fs.lookup(d, "f1")).size == len(b"changed")
         with pytest.raises(FileNotFoundError):
             await fs.lookup(d, "f2")
+
+
+async def test_immutable_trusts_names_and_versions_until_refreshed(tmp_path: Path) -> None:
+    mem = MemoryOrigin()
+    mem.mkdir("d")
+    mem.put_bytes("d/a", b"a")
+    slow = SlowList(mem)
+    cache = str(tmp_path / "cache")
+    async with build(slow, cache, ttl=0.05, immutable=True, staging_size=1 << 30) as b:
+        fs = b.fs
+        d = (await fs.lookup(ROOT_INO, "d")).ino
+        await listed(fs, d)
+        a = (await fs.lookup(d, "a")).ino
+        mem.put_bytes("d/a", b"changed")
+        mem.put_bytes("d/new", b"n")
+        await trio.sleep(0.1)  # past the TTL: still trusted
+        calls = slow.stats, slow.lists
+        assert (await fs.getattr(a)).size == 1
+        assert (await fs.lookup(d, "a")).size == 1
+        with pytest.raises(FileNotFoundError):
+            await fs.lookup(d, "new")
+        assert (slow.stats, slow.lists) == calls, "nothing asked of the origin"
+        # a write through the mount is seen at once
+        fh, _ = await fs.create(d, "mine", 0o644, os.O_WRONLY | os.O_CREAT)
+        await fs.write(fh, 0, b"mine!")
+        await fs.release(fh)
+        assert (await fs.lookup(d, "mine")).size == 5
+        assert fs.refresh("d") == {"names": 3, "listings": 1}  # d, a, mine; d's listing
+        assert (await fs.getattr(a)).size == len(b"changed")
+        assert (await fs.lookup(d, "new")).size == 1
