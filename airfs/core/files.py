@@ -27,6 +27,10 @@ log = logging.getLogger(__name__)
 
 #: bytes copied at a time when a committed file is staged for writing (copy-up)
 COPY_CHUNK = 8 << 20
+#: a cached file up to this size is taken from the block cache at open (loaded and verified
+#: if need be: it is read whole by then anyway) rather than pinned at the origin; a larger
+#: one is taken only when that costs nothing (:meth:`ReadPath.local_file_now`)
+VERIFY_AT_OPEN_MAX = 8 << 20
 
 
 class Files:
@@ -169,6 +173,10 @@ class Files:
                 raise err(errno.ENOENT, f"{path}: no such file")
             obj = ObjectRef(path, entry.version, entry.size)
             local = self.core.readpath.local_file_now(obj)
+            if local is None and 0 < obj.size <= VERIFY_AT_OPEN_MAX:
+                # its block map not loaded yet (the first open after a restart) or never
+                # verified: one job instead of a pin now and the same job for passthrough
+                local = await self.core.readpath.local_file(obj)
             if local is not None:  # every byte is local: no pin
                 return Handle(
                     self.core.new_fh(),
