@@ -13,9 +13,11 @@ When a listing expires, the next name asked in its directory fetches the whole l
 (one request, or one ``scandir`` in a worker thread) rather than asking the origin about that
 one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relisting`):
 
-* its last fetch took less than half the TTL (``RELIST_MAX_TOOK``): a listing that takes
+* its last fetch took less than 80% of the TTL (``RELIST_MAX_TOOK``): a listing that takes
   longer is nearly or already expired when it arrives, and fetching it again for each name
-  would cost a whole listing per name (a 100k-entry directory: seconds per ``stat``);
+  would cost a whole listing per name (a 100k-entry directory: seconds per ``stat``); one
+  that takes a little less still answers more names per request than asking each by name
+  (an S3 LIST page carries 1,000 names, a HEAD one);
 * it holds at most one page (``PAGE`` entries: one S3 LIST request), or at least one name
   per page was asked of the directory since it was fetched (a directory with one hot file
   among 100k is asked about that file, by name, not listed again every TTL).
@@ -38,7 +40,7 @@ from airfs.origin.base import Entry, split
 
 #: a listing whose fetch took this fraction of the TTL or more is not fetched again to
 #: answer a name (it would be stale, or nearly, by the time it arrives)
-RELIST_MAX_TOOK = 0.5
+RELIST_MAX_TOOK = 0.8
 #: entries of one listing request (an S3 LIST page): a directory up to this size costs one
 #: request to list, as much as one ``stat``
 PAGE = 1000

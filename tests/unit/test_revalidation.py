@@ -94,7 +94,7 @@ async def test_a_listing_slower_than_the_ttl_is_not_fetched_again_per_name(
 ) -> None:
     # the hang of `ls -l` in a 100k-entry directory: each name cost a whole listing
     async with core(tmp_path, ttl=0.2) as (fs, _mem, slow, d):
-        slow.delay = 0.15
+        slow.delay = 0.25
         await listed(fs, d)
         await trio.sleep(0.25)
         lists, stats = slow.lists, slow.stats
@@ -136,7 +136,7 @@ async def test_a_walk_of_a_directory_asked_by_name_asks_ahead(tmp_path: Path) ->
     # `ls -l` / `find` of a directory too large to list again: the names asked in its
     # listing's order are asked of the origin in growing batches (one thread job each)
     async with core(tmp_path, ttl=0.5, n=40) as (fs, mem, slow, d):
-        slow.delay = 0.3
+        slow.delay = 0.45
         await listed(fs, d)
         await trio.sleep(0.55)
         names = sorted(f"f{i}" for i in range(40))
