@@ -348,8 +348,9 @@ class Core:
                 got = await self.origin.stat_many(
                     [path, *(join(parent, n) for n in more)], fast=True
                 )
-                self.listings.put_ahead(parent, list(zip(more, got[1:], strict=False)), t0)
-                return got[0], t0
+                asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
+                self.listings.put_ahead(parent, asked, t0)
+                return got[path], t0
         t0 = time.monotonic()
         return await self.stat(path, fast=True), t0
 

@@ -70,10 +70,11 @@ class Listing:
     asked: int = 0
     #: names asked ahead of a walk (see the module docstring): name -> (entry or None, at)
     ahead: dict[str, tuple[Entry | None, float]] = field(default_factory=dict)
-    #: the names in order (made at the first walk), the walk's window and the name it expects
+    #: the names in order (made at the first walk), the walk's window and where its last
+    #: batch went in that order (the asked name's index, the index after the batch)
     order: list[str] | None = None
     window: int = 1
-    expect: str | None = None
+    reach: tuple[int, int] = (-1, -1)
 
 
 class ListingCache:
@@ -159,11 +160,14 @@ class ListingCache:
         order = listing.order
         i = bisect.bisect_left(order, name)
         if i >= len(order) or order[i] != name:
-            listing.window, listing.expect = 1, None
+            listing.window, listing.reach = 1, (-1, -1)
             return []
-        listing.window = min(2 * listing.window, AHEAD_MAX) if listing.expect == name else 1
-        end = i + listing.window
-        listing.expect = order[end] if end < len(order) else None
+        # the walk goes on when the name is past the last one asked and at most the next
+        # after what its batch reached (a batch cut short by its time budget included)
+        low, high = listing.reach
+        listing.window = min(2 * listing.window, AHEAD_MAX) if low < i <= high else 1
+        end = min(i + listing.window, len(order))
+        listing.reach = (i, end)
         return order[i + 1 : end]
 
     def put_ahead(self, dir_path: str, got: list[tuple[str, Entry | None]], at: float) -> None:

@@ -31,7 +31,7 @@ class SlowList:
     def __init__(self, inner: MemoryOrigin) -> None:
         self.inner = inner
         self.url = inner.url
-        self.delay = 0.0
+        self.delay = self.stat_delay = 0.0
         self.lists = self.stats = 0
 
     def list(self, path: str) -> Any:
@@ -41,6 +41,7 @@ class SlowList:
 
     def stat(self, path: str) -> Any:
         self.stats += path.startswith("d/")
+        time.sleep(self.stat_delay)
         return self.inner.stat(path)
 
     def __getattr__(self, name: str) -> Any:
@@ -140,12 +141,14 @@ async def test_a_walk_of_a_directory_asked_by_name_asks_ahead(tmp_path: Path) ->
         await listed(fs, d)
         await trio.sleep(0.55)
         names = sorted(f"f{i}" for i in range(40))
-        jobs = fs.origin.statistics().calls.get("stat", 0)
+        calls = fs.origin.statistics().calls
+        jobs = calls.get("stat", 0) + calls.get("stat_many", 0)
         stats = slow.stats
         for n in names:
             assert (await fs.lookup(d, n)).size == 1
         assert slow.stats - stats == 40
-        jobs = fs.origin.statistics().calls.get("stat", 0) - jobs
+        calls = fs.origin.statistics().calls
+        jobs = calls.get("stat", 0) + calls.get("stat_many", 0) - jobs
         assert jobs <= 8, f"{jobs} origin jobs for 40 names"
         assert slow.lists == 1
         # what the origin says later is seen after the TTL, as for any stat
@@ -185,3 +188,25 @@ async def test_immutable_trusts_names_and_versions_until_refreshed(tmp_path: Pat
         assert fs.refresh("d") == {"names": 3, "listings": 1}  # d, a, mine; d's listing
         assert (await fs.getattr(a)).size == len(b"changed")
         assert (await fs.lookup(d, "new")).size == 1
+
+
+async def test_a_walk_on_an_origin_of_slow_stats_asks_ahead_in_parallel(tmp_path: Path) -> None:
+    # each stat a request (S3: a HEAD): the names ahead are asked in parallel jobs
+    async with core(tmp_path, ttl=2.0, n=120) as (fs, mem, slow, d):
+        slow.delay, slow.stat_delay = 2.0, 0.003
+        await listed(fs, d)
+        await trio.sleep(2.05)
+        names = sorted(f"f{i}" for i in range(120))
+        mem.delete("d/" + names[50])  # removed at the origin: asked ahead as absent
+        calls = fs.origin.statistics().calls
+        before = calls.get("stat", 0) + calls.get("stat_many", 0)
+        for n in names:
+            if n == names[50]:
+                with pytest.raises(FileNotFoundError):
+                    await fs.lookup(d, n)
+            else:
+                assert (await fs.lookup(d, n)).size == 1
+        calls = fs.origin.statistics().calls
+        jobs = calls.get("stat", 0) + calls.get("stat_many", 0) - before
+        assert jobs < 60, f"{jobs} origin jobs for 120 names"
+        assert fs.statistics().ahead_hits > 60
