@@ -25,7 +25,8 @@ one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relist
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
 the next ones are asked of the origin with the asked one, in the same worker-thread job
-(a window doubling up to ``AHEAD_MAX`` names while the walk goes on). Each answer counts
+(a window doubling up to ``AHEAD_MAX`` names while the walk goes on; S3's in parallel jobs:
+:meth:`~airfs.origin.aio.AsyncOrigin.stat_many`). Each answer counts
 from the moment the job started, as a ``stat`` would: it answers its name for the TTL.
 """
 
