@@ -137,6 +137,8 @@ class Core:
         self.latency = Latencies()
         self.listings = ListingCache(ttl, immutable=immutable)
         self.relisting: dict[str, trio.Event] = {}
+        #: what asking the origin about one name costs (seconds, a moving mean)
+        self.name_s = 0.0
         #: opens answered inline (:meth:`~airfs.core.files.Files.open`'s fast way)
         self.fast_opens = 0
         caps = origin.capabilities
@@ -328,7 +330,7 @@ class Core:
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
-            if listing is None and self.listings.worth_relisting(parent):
+            if listing is None and self.listings.worth_relisting(parent, self.name_s):
                 listing = await self.relist(parent, time.monotonic())
             if listing is not None:
                 listing.asked += 1
@@ -348,11 +350,19 @@ class Core:
                 got = await self.origin.stat_many(
                     [path, *(join(parent, n) for n in more)], fast=True
                 )
+                self.name_cost(t0, len(got))
                 asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
                 self.listings.put_ahead(parent, asked, t0)
                 return got[path], t0
         t0 = time.monotonic()
-        return await self.stat(path, fast=True), t0
+        entry = await self.stat(path, fast=True)
+        self.name_cost(t0, 1)
+        return entry, t0
+
+    def name_cost(self, t0: float, names: int) -> None:
+        """``names`` names were asked of the origin since ``t0``: the moving mean of what one
+        costs (``name_s``, which :meth:`ListingCache.worth_relisting` weighs)."""
+        self.name_s = 0.8 * self.name_s + 0.2 * (time.monotonic() - t0) / max(1, names)
 
     async def relist(self, dir_path: str, since: float) -> Listing | None:
         """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller

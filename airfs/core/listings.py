@@ -20,7 +20,12 @@ one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relist
   (an S3 LIST page carries 1,000 names, a HEAD one);
 * it holds at most one page (``PAGE`` entries: one S3 LIST request), or at least one name
   per page was asked of the directory since it was fetched (a directory with one hot file
-  among 100k is asked about that file, by name, not listed again every TTL).
+  among 100k is asked about that file, by name, not listed again every TTL);
+* or, whatever its size and its last fetch took, the names asked of the origin one by one
+  since cost more than that fetch (``name_s`` each, as measured): a listing that was slow
+  once (the first S3 listing of a directory, which HEADs objects for their modes) is tried
+  again, and a huge directory walked by name is listed again at most once per its
+  listing's cost in names.
 
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
@@ -134,11 +139,16 @@ class ListingCache:
         """Whether ``listing`` is the one kept for ``dir_path`` (:meth:`put` may refuse it)."""
         return self._dirs.get(dir_path) is listing
 
-    def worth_relisting(self, dir_path: str) -> bool:
+    def worth_relisting(self, dir_path: str, name_s: float = 0.0) -> bool:
         """Whether the next name asked in ``dir_path`` (whose listing expired) should fetch
-        its listing again rather than ask about that name (the rule in the module's text)."""
+        its listing again rather than ask about that name (the rule in the module's text);
+        ``name_s``: what asking the origin about one name costs now (seconds)."""
         listing = self._dirs.get(dir_path)
-        if listing is None or listing.took >= self.ttl * RELIST_MAX_TOOK:
+        if listing is None:
+            return False
+        if name_s > 0 and listing.asked * name_s >= listing.took:
+            return True  # the names asked one by one since cost more than the listing did
+        if listing.took >= self.ttl * RELIST_MAX_TOOK:
             return False
         return len(listing.entries) <= PAGE or listing.asked * PAGE >= len(listing.entries)
 

@@ -80,7 +80,8 @@ def test_a_directory_whose_listing_arrives_stale_is_asked_by_name(
 ) -> None:  # type: ignore[no-untyped-def]
     # `ls -l` of a 100k-entry directory hung: each lstat after the TTL waited for a whole
     # listing that arrived already expired. Here every origin call takes 0.3 s, as long as
-    # the TTL: the listing is never fetched again to answer a name.
+    # the TTL: the listing is fetched again only once the names asked one by one cost as
+    # much (the old code fetched it for every name).
     v: Volume = make_volume("--ttl", "0.3", "--emulate-latency", "0.3")
     for i in range(8):
         (v.root / f"f{i}").write_bytes(b"y")
@@ -91,8 +92,8 @@ def test_a_directory_whose_listing_arrives_stale_is_asked_by_name(
     for i in range(8):
         assert os.stat(v.root / f"f{i}").st_size == 1
     r1, s1, _ = counts(v)
-    assert r1 == r0, "no listing fetched again for a name"
-    assert s1 - s0 >= 1
+    assert r1 - r0 < 8, f"{r1 - r0} listings fetched again for 8 names"
+    assert r1 - r0 <= s1 - s0, "never more listings than names asked one by one"
 
 
 def test_immutable_mount_trusts_the_origin_until_airfs_refresh(
