@@ -213,6 +213,30 @@ class BackingFiles:
             obj.pins -= 1
             t.maybe_release(obj)
             raise
+        return self._held(obj, fd)
+
+    def acquire_now(self, ref: ObjectRef) -> LocalFile | None:
+        """:meth:`acquire` without waiting (for an open answered inline): the cache file of
+        ``ref`` if it is complete, its block map is loaded and its verification is recorded
+        for the file as it is now (one ``fstat``), else None; nothing is fetched, loaded or
+        verified."""
+        if ref.size <= 0:
+            return None
+        t = self._table
+        obj = t.object_for(ref)
+        obj.pins += 1
+        fd = -1
+        if self._complete(obj) and not obj.dead:
+            fd = t.files.fd(obj)
+        if fd < 0 or not self._verified_now(obj, fd):
+            obj.pins -= 1
+            t.maybe_release(obj)
+            return None
+        return self._held(obj, fd)
+
+    def _held(self, obj: CachedObject, fd: int) -> LocalFile:
+        """The :class:`LocalFile` of ``obj`` (pinned once by the caller: ``release`` unpins)."""
+        t = self._table
         t.touch(obj)
         obj.passed_through = True
         released = False
@@ -225,6 +249,11 @@ class BackingFiles:
                 t.maybe_release(obj)
 
         return LocalFile(fd, f"cache:{obj.file_name()}", release)
+
+    def _verified_now(self, obj: CachedObject, fd: int) -> bool:
+        """The cache file has the object's size and is verified as it is now."""
+        st = os.fstat(fd)
+        return st.st_size == obj.size and self.verified.matches(obj.file_name(), st)
 
     async def _check(self, obj: CachedObject, fd: int, *, written: bool = False) -> bool:
         """Whether the complete file ``fd`` of ``obj`` is verified; read and checked when not

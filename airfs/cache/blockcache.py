@@ -357,6 +357,11 @@ class CachedReadPath:
         self._check_running()
         return await self.backing.acquire(obj, fetch_max=fetch_max)
 
+    def local_file_now(self, obj: ObjectRef) -> LocalFile | None:
+        """See :meth:`airfs.core.readpath.ReadPath.local_file_now`."""
+        self._check_running()
+        return self.backing.acquire_now(obj)
+
     def backing_statistics(self) -> BackingStats:
         """See :meth:`airfs.core.readpath.ReadPath.backing_statistics`."""
         return self.backing.statistics()

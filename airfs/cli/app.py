@@ -23,6 +23,7 @@ from airfs.csi.cli import register as register_csi
 from airfs.fuse import DEFAULT_TRANSPORT, TRANSPORTS
 
 from .control import cmd_flush as cmd_flush
+from .control import cmd_refresh as cmd_refresh
 from .control import cmd_status as cmd_status
 from .control import cmd_umount as cmd_umount
 from .control import cmd_warm as cmd_warm
@@ -97,6 +98,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         metavar="SECONDS",
         help="attribute/entry cache time; changes at the origin are seen within it (default 1)",
+    )
+    m.add_argument(
+        "--immutable",
+        action="store_true",
+        help="the origin's files never change: names and versions are trusted until "
+        "`airfs refresh PATH` or the next mount (writes through the mount still work)",
     )
     m.add_argument(
         "--foreground", "-f", action="store_true", help="stay attached and log to stderr"
@@ -299,6 +306,15 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS")
     f.add_argument("--quiet", "-q", action="store_true")
     f.set_defaults(func=cmd_flush)
+    r = sub.add_parser(
+        "refresh",
+        help="forget what the mount knows of PATH's names and versions",
+        description="Make the mount ask the origin again about PATH and everything under it "
+        "(its listings, names and versions), at the next use: with --immutable, how a change "
+        "made at the origin is seen; otherwise within the TTL anyway.",
+    )
+    r.add_argument("path", metavar="PATH")
+    r.set_defaults(func=cmd_refresh)
     register_catalog(sub)
     register_csi(sub)
     return p

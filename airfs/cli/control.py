@@ -155,6 +155,16 @@ def cmd_warm(args: argparse.Namespace) -> int:
     return 1 if res.get("failed") else 0
 
 
+def cmd_refresh(args: argparse.Namespace) -> int:
+    mp = _require_mount(args.path)
+    try:
+        res = client.refresh(mp, args.path)
+    except client.ControlError as exc:
+        return fail(str(exc))
+    print(f"refreshed {args.path}: {res['names']} name(s), {res['listings']} listing(s) forgotten")
+    return 0
+
+
 def cmd_flush(args: argparse.Namespace) -> int:
     mp = _require_mount(args.path)
     try:

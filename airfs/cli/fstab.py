@@ -10,8 +10,9 @@ ORIGIN is a directory, ``s3://BUCKET[/PREFIX]``, or the mountpoint itself (overl
 ``staging_size=``, ``staging_min_free=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``,
 ``s3_region=``, ``s3_timeout=``,
 ``s3_path_style``, ``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``,
-``debug``); generic mount options (``rw``, ``defaults``, ``noauto``, ``nofail``, ``_netdev``,
-``x-systemd.*``...) are accepted and ignored. Install it with ``mount/install.sh``.
+``debug``, ``immutable``); generic mount options (``rw``, ``defaults``, ``noauto``,
+``nofail``, ``_netdev``, ``x-systemd.*``...) are accepted and ignored. Install it with
+``mount/install.sh``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ _VALUED = {
     "drain_timeout",
     "fuse",
 }
-_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug", "rebuild_cache"}
+_FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug", "rebuild_cache", "immutable"}
 _IGNORED = {
     "rw",
     "ro",

@@ -58,6 +58,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         staging_size=args.staging_size,
         staging_min_free=args.staging_min_free,
         ttl=args.ttl,
+        immutable=args.immutable,
         log_file=args.log_file or os.path.join(cache_dir, "airfs.log"),
         allow_other=args.allow_other,
         s3_endpoint=args.s3_endpoint,

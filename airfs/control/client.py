@@ -192,6 +192,13 @@ def prefetch(mountpoint: str, paths: Iterable[str]) -> None:
     request(mountpoint, "prefetch", paths=rel_paths(mountpoint, paths))
 
 
+def refresh(mountpoint: str, path: str) -> dict[str, Any]:
+    """Make the mount ask the origin again about ``path`` and everything under it."""
+    result = request(mountpoint, "refresh", path=rel_paths(mountpoint, [path])[0])
+    assert isinstance(result, dict)
+    return result
+
+
 def flush(mountpoint: str, path: str | None = None, timeout: float | None = None) -> dict[str, Any]:
     """Return once every write under ``path`` (default: the whole mount) made before the call
     is committed at the origin. Raises :class:`ControlError` if some cannot be committed."""

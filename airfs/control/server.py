@@ -60,6 +60,8 @@ class Controlled(Protocol):
 
     def prefetch(self, paths: list[str]) -> dict[str, Any]: ...
 
+    def refresh(self, path: str) -> dict[str, Any]: ...
+
     async def flush(self, path: str, progress: Progress, caller: Peer) -> dict[str, Any]: ...
 
     async def unmount(self, progress: Progress) -> dict[str, Any]: ...
@@ -77,7 +79,7 @@ class Controlled(Protocol):
 
 #: seconds between two log lines about one uid's bad requests (the rest are counted)
 BAD_LOG_EVERY = 10.0
-_OPS = frozenset({"status", "warm", "prefetch", "flush", "unmount", "catalog"})
+_OPS = frozenset({"status", "warm", "prefetch", "refresh", "flush", "unmount", "catalog"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +334,9 @@ class ControlServer:
                     paths.append(await self._checked(caller, p, R, "prefetch"))
             return t.prefetch(paths)
 
+        async def refresh() -> Any:
+            return t.refresh(await self._checked(caller, req.get("path", ""), R, "refresh"))
+
         async def flush() -> Any:
             path = await self._checked(caller, req.get("path", ""), W, "flush")
             return await t.flush(path, progress, caller)
@@ -353,6 +358,7 @@ class ControlServer:
             "status": status,
             "warm": warm,
             "prefetch": prefetch,
+            "refresh": refresh,
             "flush": flush,
             "unmount": unmount,
         }

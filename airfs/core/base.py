@@ -109,6 +109,7 @@ class Core:
         root_entry: Entry,
         *,
         ttl: float = 1.0,
+        immutable: bool = False,
         owner: Owner | None = None,
         write_wait_s: float = 30.0,
         allow_devices: bool = False,
@@ -123,6 +124,8 @@ class Core:
         self.readpath = readpath
         self.area = area
         self.ttl = ttl
+        #: names and versions are trusted until :meth:`forget_known` (``airfs refresh``)
+        self.immutable = immutable
         self.owner = owner or Owner(os.getuid(), os.getgid())
         self.write_wait_s = write_wait_s
         self.inodes = InodeTable(root_entry, guard.storage if guard is not None else None)
@@ -132,8 +135,12 @@ class Core:
         self.ops: collections.Counter[str] = collections.Counter()
         #: durations of the core operations (see :func:`counted`)
         self.latency = Latencies()
-        self.listings = ListingCache(ttl)
+        self.listings = ListingCache(ttl, immutable=immutable)
         self.relisting: dict[str, trio.Event] = {}
+        #: what asking the origin about one name costs (seconds, a moving mean)
+        self.name_s = 0.0
+        #: opens answered inline (:meth:`~airfs.core.files.Files.open`'s fast way)
+        self.fast_opens = 0
         caps = origin.capabilities
         self.pin = origin.sync.pin if caps.pin else None  # type: ignore[attr-defined]
         self.unpin = origin.sync.unpin if caps.pin else None  # type: ignore[attr-defined]
@@ -242,9 +249,28 @@ class Core:
         """Whether ``node.entry`` may be used without asking the origin. A file with several
         names is always asked (a change through another name moves its link count)."""
         e = node.entry
+        if self.immutable:
+            return e is not None and node.fetched > 0.0  # 0: forgotten (or never asked)
         if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
             return False
         return time.monotonic() - node.fetched < self.ttl
+
+    def forget_known(self, path: str) -> dict[str, int]:
+        """Make ``path`` and everything under it be asked of the origin again at its next
+        use (see :meth:`~airfs.core.fs.Filesystem.refresh`)."""
+        prefix = f"{path}/" if path else ""
+        names = 0
+        for node in self.inodes.nodes():
+            p = node.path
+            if p is not None and (p == path or p.startswith(prefix)) and node.fetched > 0.0:
+                node.fetched = 0.0
+                names += 1
+        listings = self.listings.drop(path)
+        if path:  # the directory's listing names it too
+            parent = split(path)[0]
+            listings += self.listings.latest(parent) is not None
+            self.listings.discard(parent)
+        return {"names": names, "listings": listings}
 
     def per_caller(self, ino: int, name: str | None = None) -> bool:
         """Whether the kernel's answer about inode ``ino`` (with ``name``: about that name in
@@ -303,29 +329,59 @@ class Core:
 
     async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
         """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
-        is valid from: from a fresh listing of its directory when there is one (a large
-        expired listing is fetched again, one request for all its names), else from ``stat``."""
+        is valid from: from a fresh listing of its directory when there is one (an expired
+        listing is fetched again when that is worth it: :mod:`airfs.core.listings`), else
+        from ``stat``."""
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
-            if listing is None and self.listings.worth_relisting(parent):
-                listing = await self.relist(parent)
+            if listing is None and self.listings.worth_relisting(parent, self.name_s):
+                listing = await self.relist(parent, time.monotonic())
             if listing is not None:
+                listing.asked += 1
                 entry = listing.entries.get(name)
                 if entry is None:
                     self.listings.negative_hits += 1
                 else:
                     self.listings.hits += 1
                 return entry, listing.at
+            self.listings.asked(parent)
+            ahead = self.listings.take_ahead(parent, name)
+            if ahead is not None:
+                return ahead
+            more = self.listings.walk_ahead(parent, name)
+            if more:
+                t0 = time.monotonic()
+                got = await self.origin.stat_many(
+                    [path, *(join(parent, n) for n in more)], fast=True
+                )
+                self.name_cost(t0, len(got))
+                asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
+                self.listings.put_ahead(parent, asked, t0)
+                return got[path], t0
         t0 = time.monotonic()
-        return await self.stat(path, fast=True), t0
+        entry = await self.stat(path, fast=True)
+        self.name_cost(t0, 1)
+        return entry, t0
 
-    async def relist(self, dir_path: str) -> Listing | None:
-        """Fetch ``dir_path``'s listing again (one fetch at a time per directory)."""
+    def name_cost(self, t0: float, names: int) -> None:
+        """``names`` names were asked of the origin since ``t0``: the moving mean of what one
+        costs (``name_s``, which :meth:`ListingCache.worth_relisting` weighs)."""
+        self.name_s = 0.8 * self.name_s + 0.2 * (time.monotonic() - t0) / max(1, names)
+
+    async def relist(self, dir_path: str, since: float) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
+        that finds one in flight waits for it). The listing is returned to a caller that
+        asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as of
+        its start, so no change older than the TTL is missed), even if it expired while it
+        was fetched."""
         busy = self.relisting.get(dir_path)
         if busy is not None:
             await busy.wait()
-            return self.listings.fresh(dir_path)
+            listing = self.listings.latest(dir_path)
+            if listing is None:
+                return None
+            return listing if since - listing.at < self.ttl else None
         done = self.relisting[dir_path] = trio.Event()
         try:
             t0 = time.monotonic()
@@ -335,8 +391,8 @@ class Core:
                 self.listings.drop(dir_path)
                 return None
             self.listings.relists += 1
-            listing = self.listings.put(dir_path, entries, t0)
-            return listing if self.listings.fresh(dir_path) is listing else None
+            listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
+            return listing if self.listings.kept(dir_path, listing) else None
         finally:
             del self.relisting[dir_path]
             done.set()

@@ -66,6 +66,7 @@ class Filesystem:
         root_entry: Entry,
         *,
         ttl: float = 1.0,
+        immutable: bool = False,
         owner: Owner | None = None,
         write_wait_s: float = 30.0,
         allow_devices: bool = False,
@@ -77,6 +78,7 @@ class Filesystem:
             area,
             root_entry,
             ttl=ttl,
+            immutable=immutable,
             owner=owner,
             write_wait_s=write_wait_s,
             allow_devices=allow_devices,
@@ -306,6 +308,13 @@ class Filesystem:
         d = self.core.dirs.get(fh)
         return d is not None and d.per_caller
 
+    def refresh(self, path: str) -> dict[str, int]:
+        """``airfs refresh PATH``: forget the listings of ``path`` and of every directory
+        under it, and make every name known at or under it be asked of the origin at its
+        next use (with ``immutable``, the only way a change made at the origin is seen
+        before the next mount). Returns the names and listings forgotten."""
+        return self.core.forget_known(path)
+
     # -- status ----------------------------------------------------------------------------
 
     def statistics(self) -> CoreStats:
@@ -317,6 +326,8 @@ class Filesystem:
             listing_hits=ls.listing_hits,
             listing_negative_hits=ls.listing_negative_hits,
             relists=ls.relists,
+            ahead_hits=self.core.listings.ahead_hits,
+            fast_opens=self.core.fast_opens,
             ops=dict(self.core.ops),
             latency=self.core.latency.snapshot(),
         )

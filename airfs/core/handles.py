@@ -15,7 +15,7 @@ from airfs.writeback.versions import Staged
 
 from .attrs import Attr
 from .inodes import Node
-from .readpath import Reader
+from .readpath import LocalFile, Reader
 
 __all__ = ["DirEntry", "DirHandle", "Emit", "Handle", "err"]
 
@@ -40,6 +40,9 @@ class Handle:
     version: str | None = None
     #: origin path pinned at open (the origin keeps that version readable until release)
     pinned: str | None = None
+    #: the complete cache file of ``version`` held since the open (no origin pin is needed:
+    #: every byte is local and the cache keeps it while held); passthrough takes it over
+    local: LocalFile | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,50 @@ fast on a remote origin. Changes made through this mount update the cached listi
 (:meth:`ListingCache.record`) and are replayed onto a listing whose fetch raced them; a
 listing whose fetch raced a change of unknown outcome (:meth:`ListingCache.discard`) is not
 kept.
+
+When a listing expires, the next name asked in its directory fetches the whole listing again
+(one request, or one ``scandir`` in a worker thread) rather than asking the origin about that
+one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relisting`):
+
+* its last fetch took less than 80% of the TTL (``RELIST_MAX_TOOK``): a listing that takes
+  longer is nearly or already expired when it arrives, and fetching it again for each name
+  would cost a whole listing per name (a 100k-entry directory: seconds per ``stat``); one
+  that takes a little less still answers more names per request than asking each by name
+  (an S3 LIST page carries 1,000 names, a HEAD one);
+* it holds at most one page (``PAGE`` entries: one S3 LIST request), or at least one name
+  per page was asked of the directory since it was fetched (a directory with one hot file
+  among 100k is asked about that file, by name, not listed again every TTL);
+* or, whatever its size and its last fetch took, the names asked of the origin one by one
+  since cost more than that fetch (``name_s`` each, as measured): a listing that was slow
+  once (the first S3 listing of a directory, which HEADs objects for their modes) is tried
+  again, and a huge directory walked by name is listed again at most once per its
+  listing's cost in names.
+
+A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
+asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
+the next ones are asked of the origin with the asked one, in the same worker-thread job
+(a window doubling up to ``AHEAD_MAX`` names while the walk goes on; S3's in parallel jobs:
+:meth:`~airfs.origin.aio.AsyncOrigin.stat_many`). Each answer counts
+from the moment the job started, as a ``stat`` would: it answers its name for the TTL.
 """
 
 from __future__ import annotations
 
+import bisect
 import collections
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from airfs.origin.base import Entry, split
+
+#: a listing whose fetch took this fraction of the TTL or more is not fetched again to
+#: answer a name (it would be stale, or nearly, by the time it arrives)
+RELIST_MAX_TOOK = 0.8
+#: entries of one listing request (an S3 LIST page): a directory up to this size costs one
+#: request to list, as much as one ``stat``
+PAGE = 1000
+#: the most names asked ahead of a walk in one origin job
+AHEAD_MAX = 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,20 +67,30 @@ class ListingStats:
 
 @dataclass
 class Listing:
+    """A directory's listing fetched at monotonic time ``at`` in ``took`` seconds; ``asked``:
+    names asked of its directory since (answered from it, or by name once it expired)."""
+
     at: float
     entries: dict[str, Entry]
+    took: float = 0.0
+    asked: int = 0
+    #: names asked ahead of a walk (see the module docstring): name -> (entry or None, at)
+    ahead: dict[str, tuple[Entry | None, float]] = field(default_factory=dict)
+    #: the names in order (made at the first walk), the walk's window and where its last
+    #: batch went in that order (the asked name's index, the index after the batch)
+    order: list[str] | None = None
+    window: int = 1
+    reach: tuple[int, int] = (-1, -1)
 
 
 class ListingCache:
     """Bounded LRU of directory listings. Trio loop only."""
 
-    def __init__(self, ttl: float, *, max_dirs: int = 4096, relist_min: int = 0) -> None:
+    def __init__(self, ttl: float, *, max_dirs: int = 4096, immutable: bool = False) -> None:
         self.ttl = ttl
+        #: listings never expire (until :meth:`drop`): ``--immutable``
+        self.immutable = immutable
         self.max_dirs = max_dirs
-        #: an expired listing with at least this many entries is fetched again in one request
-        #: rather than answering its names with one ``stat`` each (a directory that was listed
-        #: or created through the mount is likely to see more lookups)
-        self.relist_min = relist_min
         self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
         #: when a directory last changed in a way a listing cannot be patched for
         self._changed: dict[str, float] = {}
@@ -54,11 +99,12 @@ class ListingCache:
         self.hits = 0
         self.negative_hits = 0
         self.relists = 0
+        self.ahead_hits = 0
 
-    def put(self, dir_path: str, entries: list[Entry], at: float) -> Listing:
-        """Store a listing fetched at ``at`` (kept only if no change through the mount
-        touched the directory since ``at``)."""
-        listing = Listing(at, {e.name: e for e in entries})
+    def put(self, dir_path: str, entries: list[Entry], at: float, took: float = 0.0) -> Listing:
+        """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
+        through the mount touched the directory since ``at``)."""
+        listing = Listing(at, {e.name: e for e in entries}, took)
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)
@@ -81,13 +127,83 @@ class ListingCache:
 
     def fresh(self, dir_path: str) -> Listing | None:
         listing = self._dirs.get(dir_path)
-        if listing is None or time.monotonic() - listing.at >= self.ttl:
+        if listing is None or (not self.immutable and time.monotonic() - listing.at >= self.ttl):
             return None
         return listing
 
-    def worth_relisting(self, dir_path: str) -> bool:
+    def latest(self, dir_path: str) -> Listing | None:
+        """The listing kept for ``dir_path``, fresh or not."""
+        return self._dirs.get(dir_path)
+
+    def kept(self, dir_path: str, listing: Listing) -> bool:
+        """Whether ``listing`` is the one kept for ``dir_path`` (:meth:`put` may refuse it)."""
+        return self._dirs.get(dir_path) is listing
+
+    def worth_relisting(self, dir_path: str, name_s: float = 0.0) -> bool:
+        """Whether the next name asked in ``dir_path`` (whose listing expired) should fetch
+        its listing again rather than ask about that name (the rule in the module's text);
+        ``name_s``: what asking the origin about one name costs now (seconds)."""
         listing = self._dirs.get(dir_path)
-        return listing is not None and len(listing.entries) >= self.relist_min
+        if listing is None:
+            return False
+        if name_s > 0 and listing.asked * name_s >= listing.took:
+            return True  # the names asked one by one since cost more than the listing did
+        if listing.took >= self.ttl * RELIST_MAX_TOOK:
+            return False
+        return len(listing.entries) <= PAGE or listing.asked * PAGE >= len(listing.entries)
+
+    def asked(self, dir_path: str) -> None:
+        """A name in ``dir_path`` was asked of the origin by itself (its listing expired and
+        was not fetched again): counts toward fetching it again."""
+        listing = self._dirs.get(dir_path)
+        if listing is not None:
+            listing.asked += 1
+
+    def walk_ahead(self, dir_path: str, name: str) -> list[str]:
+        """``name`` of ``dir_path`` is about to be asked of the origin by itself: the names
+        after it in the directory's listing to ask with it (none unless the names asked
+        follow one another in the listing's order)."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return []
+        if listing.order is None:
+            listing.order = sorted(listing.entries)
+        order = listing.order
+        i = bisect.bisect_left(order, name)
+        if i >= len(order) or order[i] != name:
+            listing.window, listing.reach = 1, (-1, -1)
+            return []
+        # the walk goes on when the name is past the last one asked and at most the next
+        # after what its batch reached (a batch cut short by its time budget included)
+        low, high = listing.reach
+        listing.window = min(2 * listing.window, AHEAD_MAX) if low < i <= high else 1
+        end = min(i + listing.window, len(order))
+        listing.reach = (i, end)
+        return order[i + 1 : end]
+
+    def put_ahead(self, dir_path: str, got: list[tuple[str, Entry | None]], at: float) -> None:
+        """Keep the entries of names asked ahead at ``at`` (not those changed through the
+        mount since ``at``: their change is newer)."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return
+        recent = self._changes.get(dir_path, {})
+        for name, entry in got:
+            change = recent.get(name)
+            if change is None or change[0] < at:
+                listing.ahead[name] = (entry, at)
+
+    def take_ahead(self, dir_path: str, name: str) -> tuple[Entry | None, float] | None:
+        """The entry of ``name`` asked ahead and still fresh (entry or None, when it was
+        asked), once; None when there is none."""
+        listing = self._dirs.get(dir_path)
+        if listing is None:
+            return None
+        got = listing.ahead.pop(name, None)
+        if got is None or time.monotonic() - got[1] >= self.ttl:
+            return None
+        self.ahead_hits += 1
+        return got
 
     def record(self, path: str, entry: Entry | None) -> None:
         """A change made through the mount: ``path`` now has ``entry`` (None: removed)."""
@@ -102,18 +218,21 @@ class ListingCache:
         listing = self._dirs.get(parent)
         if listing is None:
             return
+        listing.ahead.pop(name, None)
         if entry is None:
             listing.entries.pop(name, None)
         else:
             listing.entries[name] = entry
 
-    def drop(self, path: str) -> None:
-        """Forget listings of ``path`` and of every directory under it."""
+    def drop(self, path: str) -> int:
+        """Forget listings of ``path`` and of every directory under it; returns how many."""
         prefix = path + "/" if path else ""
-        for p in [p for p in self._dirs if p == path or p.startswith(prefix)]:
+        gone = [p for p in self._dirs if p == path or p.startswith(prefix)]
+        for p in gone:
             del self._dirs[p]
             self._changes.pop(p, None)
         self._changed[path] = time.monotonic()
+        return len(gone)
 
     def discard(self, dir_path: str) -> None:
         """Forget the listing of ``dir_path`` only."""

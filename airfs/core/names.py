@@ -52,9 +52,15 @@ class Names:
         # Staged files first: one whose commit lands while we list would otherwise be in
         # neither snapshot.
         staged = self.core.area.children(path)
-        t0 = time.monotonic()
-        listed = await self.core.origin.list(path)
-        self.core.listings.put(path, listed, t0)
+        kept = self.core.listings.fresh(path) if self.core.immutable else None
+        if kept is not None:  # --immutable: the listing is trusted until `airfs refresh`
+            t0, listed = kept.at, list(kept.entries.values())
+        else:
+            t0 = time.monotonic()
+            listed = await self.core.origin.list(path)
+            if self.core.immutable:  # what is known of a name is kept (until `airfs refresh`)
+                listed = [self.known(path, e) for e in listed]
+            self.core.listings.put(path, listed, t0, time.monotonic() - t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None
@@ -69,6 +75,14 @@ class Names:
         entries = sorted(merged.values(), key=lambda d: d.name)
         self.core.dirs[fh] = DirHandle(fh, node, entries, t0, per_caller)
         return fh
+
+    def known(self, dir_path: str, entry: Entry) -> Entry:
+        """``--immutable``: the entry this mount trusts for the name of ``entry`` (listed
+        in ``dir_path``) when it has one, else ``entry``."""
+        node = self.core.inodes.at(join(dir_path, entry.name))
+        if node is not None and node.entry is not None and self.core.fresh(node):
+            return node.entry
+        return entry
 
     @counted
     async def readdir(self, fh: int, start: int, emit: Emit) -> None:

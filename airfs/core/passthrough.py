@@ -215,6 +215,9 @@ class Passthrough:
             if h.writable and (rdwr or (starting and not self._room())):
                 return None  # an O_RDWR open never passes through, not even by joining
             return _Candidate(st.fd, f"staged:{st.id}")
+        if h.local is not None:  # held since the open: the passthrough open holds it now
+            local, h.local = h.local, None
+            return _Candidate(local.fd, local.key, local)
         if h.reader is None:
             return None
         ref = h.reader.ref

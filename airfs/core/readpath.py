@@ -137,6 +137,12 @@ class ReadPath(Protocol):
         none (no cache, not complete). Raises the origin's errors of such a fetch."""
         ...
 
+    def local_file_now(self, obj: ObjectRef) -> LocalFile | None:
+        """:meth:`local_file` without waiting (an open answered inline): the local file when
+        it is complete, known and verified already, else None (nothing fetched, loaded or
+        verified)."""
+        ...
+
     def backing_statistics(self) -> BackingStats | None:
         """Counters of the local files handed out by :meth:`local_file` (None without a
         cache)."""
@@ -205,6 +211,9 @@ class DirectReadPath:
         return False
 
     async def local_file(self, obj: ObjectRef, *, fetch_max: int = 0) -> LocalFile | None:
+        return None
+
+    def local_file_now(self, obj: ObjectRef) -> LocalFile | None:
         return None
 
     def backing_statistics(self) -> BackingStats | None:

@@ -19,7 +19,9 @@ class CoreStats:
     durations, by operation, counted when they end: see :func:`airfs.core.base.counted`),
     and the directory-listing cache: ``listings`` (directories held), ``listing_hits`` /
     ``listing_negative_hits`` (lookups answered from a listing, found / absent), ``relists``
-    (listings fetched again)."""
+    (listings fetched again), ``ahead_hits`` (names answered by a walk's stats asked ahead:
+    :mod:`airfs.core.listings`); ``fast_opens`` (opens answered inline: a fresh version
+    complete in the block cache, no origin call)."""
 
     inodes: int
     open_files: int
@@ -27,6 +29,8 @@ class CoreStats:
     listing_hits: int
     listing_negative_hits: int
     relists: int
+    ahead_hits: int = 0
+    fast_opens: int = 0
     ops: Mapping[str, int] = field(default_factory=dict)
     latency: Mapping[str, LatencyHistogram] = field(default_factory=dict)
 
@@ -40,5 +44,7 @@ class CoreStats:
             "listing_hits": self.listing_hits,
             "listing_negative_hits": self.listing_negative_hits,
             "relists": self.relists,
+            "ahead_hits": self.ahead_hits,
+            "fast_opens": self.fast_opens,
             "latency": as_dicts(self.latency),
         }

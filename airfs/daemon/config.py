@@ -30,6 +30,8 @@ class MountConfig:
     #: 512 MiB: :func:`airfs.writeback.space.default_min_free`; 0: no floor)
     staging_min_free: int | None = None
     ttl: float = 1.0
+    #: names and versions trusted until ``airfs refresh`` or the next mount
+    immutable: bool = False
     log_file: str | None = None
     allow_other: bool | None = None
     s3_endpoint: str | None = None

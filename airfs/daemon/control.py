@@ -154,6 +154,9 @@ class Daemon:
         self.prefetcher.submit(paths)
         return {"queued": len(paths)}
 
+    def refresh(self, path: str) -> dict[str, Any]:
+        return self.fs.refresh(path)
+
     async def flush(self, path: str, progress: Progress, caller: Peer) -> dict[str, Any]:
         t0 = time.monotonic()
         try:

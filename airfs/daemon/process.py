@@ -139,6 +139,7 @@ async def serve(
             sync_origin,
             cfg.cache_dir,
             ttl=cfg.ttl,
+            immutable=cfg.immutable,
             staging_size=cfg.staging_size,
             staging_min_free=cfg.staging_min_free,
             write_wait=cfg.write_wait,

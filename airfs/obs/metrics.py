@@ -92,6 +92,12 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "lookups of absent names answered from a cached listing",
     ),
     ("core", "relists"): ("airfs_core_relists_total", "counter", "listings fetched again"),
+    ("core", "ahead_hits"): (
+        "airfs_core_ahead_hits_total",
+        "counter",
+        "lookups answered by stats asked ahead of a directory walk",
+    ),
+    ("core", "fast_opens"): ("airfs_core_fast_opens_total", "counter", "opens answered inline"),
     # read path / block cache
     ("readpath", "cache_bytes_used"): (
         "airfs_cache_used_bytes",

@@ -37,11 +37,26 @@ import trio
 
 from airfs.obs.histogram import Latencies, LatencyHistogram, as_dicts
 
-from .base import Capabilities, Entry, FsStats, Kind, Origin, OriginError, Stalled, Transient
+from .base import (
+    Capabilities,
+    Entry,
+    FsStats,
+    Kind,
+    NotFound,
+    Origin,
+    OriginError,
+    Stalled,
+    Transient,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+#: a mean ``stat`` slower than this is a remote request: ``stat_many`` asks in parallel lanes
+SLOW_STAT_S = 0.001
+#: the most parallel jobs of one ``stat_many``
+STAT_LANES = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +108,9 @@ class AsyncOrigin:
         #: down since the last failure and not answered since (probes get ``probe_s``)
         self._outage = False
         self._in_flight = 0
+        #: the origin's own time per ``stat`` in ``stat_many`` (a moving mean, written by its
+        #: worker threads): over ``SLOW_STAT_S``, the stats ahead are asked in parallel
+        self.stat_s = 0.0
         self._calls: collections.Counter[str] = collections.Counter()
         self._retries: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
@@ -210,6 +228,63 @@ class AsyncOrigin:
 
     async def stat(self, path: str, *, fast: bool = False) -> Entry:
         return await self.call(self.sync.stat, path, what=f"stat {path}", op="stat", fast=fast)
+
+    async def stat_many(
+        self, paths: list[str], *, fast: bool = False, budget_s: float = 0.02
+    ) -> dict[str, Entry | None]:
+        """``stat`` of ``paths[0]`` and then of the others, as far as ``budget_s`` of origin
+        time goes: the entries of the paths asked (``paths[0]`` always), None for a name
+        that does not exist. Only the first one's errors raise. One worker-thread job where
+        a ``stat`` is quick (a local directory); where it is a request (S3: about a
+        millisecond or more each) the paths are split into up to ``STAT_LANES`` contiguous
+        runs asked at once, one job each."""
+        lanes = 1
+        if len(paths) > 1 and self.stat_s > SLOW_STAT_S:
+            lanes = min(STAT_LANES, len(paths))
+        k = -(-len(paths) // lanes)
+        runs = [paths[i : i + k] for i in range(0, len(paths), k)]
+        out: dict[str, Entry | None] = {}
+        first: list[OriginError] = []
+
+        async def lane(j: int) -> None:
+            try:
+                got = await self.call(
+                    self._stat_many, runs[j], budget_s, what=f"stat {runs[j][0]}",
+                    op="stat_many", fast=fast,
+                )  # fmt: skip
+            except OriginError as exc:
+                if not j:
+                    first.append(exc)
+                return
+            out.update(zip(runs[j], got, strict=False))
+
+        if len(runs) == 1:
+            await lane(0)
+        else:
+            async with trio.open_nursery() as nursery:
+                for j in range(len(runs)):
+                    nursery.start_soon(lane, j)
+        if first:
+            raise first[0]
+        return out
+
+    def _stat_many(self, paths: list[str], budget_s: float) -> list[Entry | None]:
+        out: list[Entry | None] = []
+        t0 = perf_counter()
+        for i, p in enumerate(paths):
+            try:
+                out.append(self.sync.stat(p))
+            except NotFound:
+                out.append(None)
+            except OriginError:
+                if not i:
+                    raise
+                break
+            if perf_counter() - t0 > budget_s:
+                break
+        # the origin's own time per stat (no thread hop), a moving mean
+        self.stat_s = 0.8 * self.stat_s + 0.2 * (perf_counter() - t0) / len(out)
+        return out
 
     async def list(self, path: str, *, fast: bool = False) -> list[Entry]:
         return await self.call(
