@@ -21,7 +21,7 @@ from .base import Core, counted
 from .context import current_caller
 from .handles import Handle, err
 from .inodes import Node
-from .readpath import ObjectRef
+from .readpath import LocalFile, ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -149,21 +149,35 @@ class Files:
         local = self.core.readpath.local_file_now(obj)
         if local is None:
             return None
-        handle = Handle(
-            self.core.new_fh(),
-            node,
-            False,
-            None,
-            self.core.readpath.open(obj),
-            entry.version,
-            local=local,
-        )
+        handle = self._reader(node, obj, local=local)
         keep = node.cached_version == handle.version
         node.cached_version = handle.version
         node.opens += 1
         self.core.handles[handle.fh] = handle
         self.core.fast_opens += 1
         return handle.fh, keep
+
+    def _reader(
+        self,
+        node: Node,
+        obj: ObjectRef,
+        *,
+        local: LocalFile | None = None,
+        pinned: str | None = None,
+    ) -> Handle:
+        """A read-only handle on origin version ``obj.version``: its bytes in the cache file
+        ``local`` (no pin), or read through the read path with the origin holding the version
+        at ``pinned`` (None: the origin cannot pin)."""
+        return Handle(
+            self.core.new_fh(),
+            node,
+            False,
+            None,
+            self.core.readpath.open(obj),
+            obj.version,
+            pinned,
+            local=local,
+        )
 
     async def _open_origin(self, node: Node) -> Handle:
         path = self.core.path_of(node)
@@ -178,25 +192,9 @@ class Files:
                 # verified: one job instead of a pin now and the same job for passthrough
                 local = await self.core.readpath.local_file(obj)
             if local is not None:  # every byte is local: no pin
-                return Handle(
-                    self.core.new_fh(),
-                    node,
-                    False,
-                    None,
-                    self.core.readpath.open(obj),
-                    entry.version,
-                    local=local,
-                )
+                return self._reader(node, obj, local=local)
             if self.core.pin is None:
-                obj = ObjectRef(path, entry.version, entry.size)
-                return Handle(
-                    self.core.new_fh(),
-                    node,
-                    False,
-                    None,
-                    self.core.readpath.open(obj),
-                    entry.version,
-                )
+                return self._reader(node, obj)
             try:
                 await self.core.origin.call(
                     self.core.pin, path, entry.version, what=f"open {path}", op="pin"
@@ -210,16 +208,7 @@ class Files:
                 node.entry, node.fetched = fresh, time.monotonic()
                 self.core.listings.record(path, fresh)
                 continue
-            obj = ObjectRef(path, entry.version, entry.size)
-            return Handle(
-                self.core.new_fh(),
-                node,
-                False,
-                None,
-                self.core.readpath.open(obj),
-                entry.version,
-                path,
-            )
+            return self._reader(node, obj, pinned=path)
         raise err(errno.EIO, f"{path}: keeps changing at the origin")
 
     @counted

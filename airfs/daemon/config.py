@@ -141,3 +141,14 @@ def check_cache_dir(cache_dir: str, mountpoint: str, origin: str | None) -> str 
             f"cache dir {cache_dir} is inside the origin {origin}; choose a --cache-dir outside it"
         )
     return None
+
+
+def pop_option(args: list[str], name: str) -> str | None:
+    """Remove ``name VALUE`` from ``args`` (a daemon's or holder's internal command line, made
+    by ``airfs mount``) and return VALUE; None when ``name`` is absent."""
+    if name not in args:
+        return None
+    i = args.index(name)
+    value = args[i + 1]
+    del args[i : i + 2]
+    return value

@@ -411,14 +411,11 @@ def request_restart(mountpoint: str, timeout: float = 300.0) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .config import MountConfig
+    from .config import MountConfig, pop_option
 
     args = sys.argv[1:] if argv is None else argv
-    ready_fd = None
-    if "--ready-fd" in args:
-        i = args.index("--ready-fd")
-        ready_fd = int(args[i + 1])
-        del args[i : i + 2]
+    ready = pop_option(args, "--ready-fd")
+    ready_fd = None if ready is None else int(ready)
     cfg = MountConfig.from_json(args[0])
     return run_holder(args[0], cfg.mountpoint, ready_fd)
 

@@ -37,6 +37,7 @@ from .config import UMASK as UMASK
 from .config import MountConfig as MountConfig
 from .config import MountError as MountError
 from .config import check_cache_dir as check_cache_dir
+from .config import pop_option
 from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
@@ -419,21 +420,12 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    ready_fd = None
-    if "--ready-fd" in args:
-        i = args.index("--ready-fd")
-        ready_fd = int(args[i + 1])
-        del args[i : i + 2]
-    holder_fd = None
-    if "--holder-fd" in args:
-        i = args.index("--holder-fd")
-        holder_fd = int(args[i + 1])
-        del args[i : i + 2]
-    takeover = None
-    if "--takeover" in args:
-        i = args.index("--takeover")
-        takeover = [int(x) for x in args[i + 1].split(",")]
-        del args[i : i + 2]
+    ready = pop_option(args, "--ready-fd")
+    ready_fd = None if ready is None else int(ready)
+    holder = pop_option(args, "--holder-fd")
+    holder_fd = None if holder is None else int(holder)
+    fds = pop_option(args, "--takeover")
+    takeover = None if fds is None else [int(x) for x in fds.split(",")]
     standby = "--standby" in args
     if standby:
         args.remove("--standby")
