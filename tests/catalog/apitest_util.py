@@ -13,6 +13,7 @@ import re
 import selectors
 import signal
 import subprocess
+import sys
 import time
 import urllib.parse
 from collections.abc import Iterator
@@ -110,19 +111,34 @@ def serve(o: Origin_, log: Path, *extra: str) -> Iterator[Server]:
     try:
         yield srv
     finally:
-        os.kill(proc.pid, signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)  # nothing if the test already stopped it
         try:
-            rc = proc.wait(timeout=30)
+            rc = proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
+            stacks = _stacks(proc.pid)
+            proc.kill()
             proc.wait()
-            raise
+            raise AssertionError(
+                f"airfs catalog serve did not stop within 60 s of SIGTERM; its threads:\n"
+                f"{stacks}\nits log:\n{log.read_text(errors='replace')[-3000:]}"
+            ) from None
         finally:
             proc.stdout.close()
         text = log.read_text(errors="replace")
         bad = [ln for ln in text.splitlines() if _BAD.search(ln)]
         assert rc == 0, f"airfs catalog serve exited {rc}:\n{text[-3000:]}"
         assert not bad, "unexpected in the server log:\n" + "\n".join(bad[:10])
+
+
+def _stacks(pid: int) -> str:
+    """``py-spy dump`` of a process that hangs (what each of its threads is doing)."""
+    spy = Path(sys.executable).parent / "py-spy"
+    try:
+        p = subprocess.run([str(spy), "dump", "--pid", str(pid)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"(py-spy dump failed: {exc})"
+    return p.stdout + p.stderr
 
 
 def serve_fails(o: Origin_, *extra: str, tmpdir: Path | None = None) -> tuple[int, str]:

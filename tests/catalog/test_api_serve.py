@@ -4,8 +4,12 @@ catalog or with half a TLS configuration."""
 
 from __future__ import annotations
 
+import http.client
+import os
 import shutil
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +98,26 @@ def test_refuses_to_start_without_a_catalog(tmp_path: Path) -> None:
         code, err = serve_fails(s.origin, "--listen", "127.0.0.1:0", tmpdir=tmp_path)
         assert code == 1 and "no catalog" in err
     assert list(tmp_path.iterdir()) == []  # its staging directory went with it
+
+
+def test_a_stop_does_not_wait_for_idle_kept_alive_connections(
+    origin: tuple[Origin_, Path],
+) -> None:
+    """SIGTERM with a client holding a kept-alive connection open (answered, then silent):
+    the server exits at once, without waiting out the connection's 120 s idle timeout
+    (its connection threads are daemon threads, never joined)."""
+    o, base = origin
+    with serve(o, base / "idle.log") as srv:
+        host, port = srv.url.split("://", 1)[1].rsplit(":", 1)
+        idle = http.client.HTTPConnection(host, int(port), timeout=60)
+        idle.request("GET", f"{CAT}/catalogs")
+        r = idle.getresponse()
+        r.read()
+        assert r.status == 401 and not r.will_close  # the connection stays open
+        os.kill(srv.proc.pid, signal.SIGTERM)
+        started = time.monotonic()
+        rc = srv.proc.wait(timeout=60)
+        waited = time.monotonic() - started
+    assert rc == 0
+    assert waited < 30, f"the stop waited {waited:.1f}s for an idle connection"
+    idle.close()

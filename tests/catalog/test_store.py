@@ -163,12 +163,15 @@ def test_cache_reloads_after_the_ttl_and_a_damaged_catalog_is_reported(
     origin_spec: OriginSpec, tmp_path: Any
 ) -> None:
     store = CatalogStore(origin_spec.view)
-    cache = CatalogCache(store, ttl=0.2)
+    # a TTL long enough that setting the catalog up (S3 PUTs, on a loaded machine) stays
+    # inside it; then a short one, and the cache reloads once that one has passed
+    cache = CatalogCache(store, ttl=600)
 
     async def main() -> None:
         assert await cache.current() is None
         setup(store)
         assert await cache.current() is None  # within the TTL: the cached answer
+        cache.ttl = 0.2
         await trio.sleep(0.25)
         meta = await cache.current()
         assert meta is not None and "main" in meta.catalogs
