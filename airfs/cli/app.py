@@ -231,8 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--restartable",
         action="store_true",
         help="kernel transport: a holder process keeps the FUSE connection, so that the "
-        "daemon can be replaced without unmounting: after a crash (taken over at once: files "
-        "open for reading and working directories keep working) and by 'airfs restart' "
+        "daemon can be replaced without unmounting: after a crash (taken over at once: open "
+        "files, mappings and working directories keep working) and by 'airfs restart' "
         "(upgrade in place); reads are then never passed through",
     )
     m.add_argument("--debug", action="store_true", help="verbose daemon log")
@@ -245,10 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
         description="Start a new daemon (the code installed now) that takes the mount's "
         "FUSE connection over from the running one: the old daemon stops reading requests, "
         "answers those it is serving and exits; the new one rebuilds the kernel's node ids "
-        "and read handles and serves the requests that waited meanwhile. Files open for "
-        "reading, working directories and mappings of running programs keep working; a file "
-        "open for writing is not carried over (its bytes so far are kept in "
-        "CACHE_DIR/recovered/, its later writes fail with EBADF). Prints the hand-over time. "
+        "and file handles and serves the requests that waited meanwhile. Files open for "
+        "reading or writing, working directories and mappings of running programs keep "
+        "working (a file being written goes on, and its close commits it whole). Prints the "
+        "hand-over time. "
         "Needs a mount made with --restartable.",
     )
     r.add_argument("mountpoint", metavar="MOUNTPOINT")

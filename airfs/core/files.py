@@ -74,6 +74,7 @@ class Files:
             st.mtime_ns = entry.mtime_ns
         if entry is not None and (not truncate or entry.size == 0):
             st.committed_gen = st.gen  # same bytes as the origin: nothing to commit yet
+        self.core.area.records.describe(st)
         return st
 
     async def writable(self, h: Handle) -> Staged:
@@ -231,6 +232,7 @@ class Files:
             base = existing.base_version if existing is not None else None
             st = await self.core.area.create(path, base_version=base, mode=mode)
             st.uid, st.gid = uid, gid
+            self.core.area.records.describe(st)
             if flags & os.O_EXCL and self.core.origin.capabilities.conditional_put:
                 node.entry, node.fetched = await self._claim(st, path), time.monotonic()
             self.core.dir_changed(path)

@@ -10,9 +10,14 @@ meant to the old daemon, with these limits (each logged, none raises):
   ESTALE as for any node replaced behind the mount's back);
 * a read-only file handle is opened again: it reads the version the origin (or the staging
   area, for a closed file not yet committed) has now;
-* a handle open for writing is not: the bytes it had written are in a staging file with no
-  journal record, which recovery keeps under ``recovered/`` (reopening it on the committed
-  version would mix old and new bytes); its writes and its close answer EBADF;
+* a handle open for writing is opened again on its file's live staged version: the one it
+  was writing, which recovery adopted (``keep_open`` of
+  :func:`airfs.writeback.recovery.recover`), or the closed version it had not written since
+  (a ``close()`` of another descriptor, an exec, closed it): its later writes and its close
+  go on as if no daemon had changed. Where the file has no staged version (recovery could
+  not adopt the one open: its bytes are under ``recovered/``) it is not reopened
+  (reopening it on the committed version would mix old and new bytes): its writes and its
+  close answer EBADF;
 * a handle that cannot be opened again is left out likewise.
 """
 
@@ -63,6 +68,13 @@ class Restored:
     lost: tuple[int, ...]
 
 
+def _staged(fs: Filesystem, ino: int) -> bool:
+    """Whether the file of ``ino`` has a live staged version (the one its writers' handles
+    reopen)."""
+    path = fs.inodes.get(ino).path
+    return path is not None and fs.core.area.get(path) is not None
+
+
 async def restore(
     fs: Filesystem, nodes: Iterable[SavedNode], opens: Iterable[SavedOpen]
 ) -> Restored:
@@ -102,7 +114,7 @@ async def restore(
             if o.directory:
                 got_fh = await fs.opendir(o.ino)
                 dirs += 1
-            elif o.flags & os.O_ACCMODE != os.O_RDONLY:
+            elif o.flags & os.O_ACCMODE != os.O_RDONLY and not _staged(fs, o.ino):
                 log.warning(
                     "take-over: handle %d (inode %d) was open for writing: not reopened "
                     "(what it wrote is kept under recovered/)",
@@ -112,6 +124,7 @@ async def restore(
                 lost.append(o.fh)
                 continue
             else:
+                # a writer joins the live staged version (never truncated again)
                 got_fh, _ = await fs.open(o.ino, o.flags & ~(os.O_TRUNC | os.O_CREAT | os.O_EXCL))
                 files += 1
         except OSError as exc:

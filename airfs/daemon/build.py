@@ -71,6 +71,7 @@ async def build(
     readpath: ReadPathFactory = _direct,
     rebuild_journal: bool = False,
     journal_hint: str = "",
+    keep_open: frozenset[str] = frozenset(),
     attempts: int = 5,
     upload_concurrency: int = 8,
     upload: bool = True,
@@ -85,7 +86,10 @@ async def build(
     :func:`~airfs.writeback.space.default_min_free`; 0: no floor).
     ``remove_temporaries`` (:meth:`~airfs.origin.posix.PosixOrigin.remove_temporaries`) is
     given the directories where a commit cut short by a crash may have left this node's
-    temporary files, after recovery and before the first commit.
+    temporary files, after recovery and before the first commit. ``keep_open``: the paths
+    a mount being taken over holds open for writing (recovery adopts their open versions
+    and holds their commits; the caller ends both after the take-over:
+    :func:`~airfs.writeback.recovery.finish_take_over`).
 
     ``guard`` None: the origin's catalog governs (:class:`~airfs.catalog.service.CatalogService`;
     while the origin has none, everything is allowed but its reserved name, and an
@@ -102,7 +106,7 @@ async def build(
             hint=journal_hint,
         )
         stack.callback(area.close)
-        report = recover(area, rebuild=rebuild_journal, hint=journal_hint)
+        report = recover(area, rebuild=rebuild_journal, hint=journal_hint, keep_open=keep_open)
         if remove_temporaries is not None and report.paths:
             dirs = sorted({split(p)[0] for p in report.paths})
             removed = await trio.to_thread.run_sync(remove_temporaries, dirs)

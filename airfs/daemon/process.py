@@ -31,6 +31,7 @@ from airfs.daemon import heap, memdebug
 from airfs.fuse.transport import KernelTransport, TransportError, TransportOptions, make_transport
 from airfs.origin.base import OriginError
 from airfs.writeback.journal import JournalDamaged
+from airfs.writeback.recovery import finish_take_over
 
 from .build import Built, build
 from .config import UMASK as UMASK
@@ -42,7 +43,7 @@ from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
 from .origins import make_readpath, open_origin, posix_of
-from .takeover import lock_cache_dir, mount_or_take_over
+from .takeover import lock_cache_dir, mount_or_take_over, paths_open_for_writing
 
 log = logging.getLogger("airfs")
 
@@ -147,6 +148,7 @@ async def serve(
             allow_devices=cfg.allow_devices,
             readpath=functools.partial(make_readpath, cfg),
             rebuild_journal=cfg.rebuild_journal,
+            keep_open=paths_open_for_writing(cfg.cache_dir) if takeover else frozenset(),
             journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",
             remove_temporaries=posix.remove_temporaries if posix is not None else None,
         ) as built:
@@ -209,6 +211,9 @@ async def _serve(
     retired = False
     if await mount_or_take_over(cfg, transport, link, takeover, overlay_fd):
         initialized.set()  # INIT was the old daemon's
+    # commits may start at the files held open for writing; the versions open for writing
+    # that recovery adopted and no handle reopened are kept in recovered/ (each logged)
+    finish_take_over(built.area, built.recovery)
     code = 0
     try:
         async with trio.open_nursery() as nursery:

@@ -42,6 +42,24 @@ def lock_cache_dir(cache_dir: str, wait: float) -> int:
             time.sleep(0.002)
 
 
+def paths_open_for_writing(cache_dir: str) -> frozenset[str]:
+    """The paths of the files the kernel holds open for writing on the connection the
+    previous daemon recorded (empty when its state cannot be read: the take-over will be
+    refused anyway). Their staged versions are adopted by recovery, not set aside."""
+    from airfs.fuse.kernel.handover import read_state
+
+    try:
+        state = read_state(cache_dir)
+    except TakeoverRefused:
+        return frozenset()
+    paths = set()
+    for f in state.files.values():
+        node = state.nodes.get(f.ino)
+        if f.flags & os.O_ACCMODE != os.O_RDONLY and node is not None and node.path:
+            paths.add(node.path)
+    return frozenset(paths)
+
+
 async def mount_or_take_over(
     cfg: MountConfig,
     transport: Transport,

@@ -7,6 +7,12 @@ working directory in ``MOUNTDIR``, maps ``FILE`` (relative), reads it again in
 ``direct``: with ``O_DIRECT``, so that every read reaches the daemon), and at the end
 prints the SHA-256 of what it read, of the mapping, the names ``.`` lists (through the
 working directory), the read latencies and the first error (None: none).
+
+``python -m airfs.testing.jobs writer MOUNTDIR NAME CHUNKS [CHUNK] [PAUSE]``: writes a
+checkpoint as ``torch.save`` into a temporary name then a rename do: ``NAME.tmp`` opened
+once, ``CHUNKS`` random ``CHUNK``-byte writes ``PAUSE`` seconds apart, ``close``, then
+renamed to ``NAME``; prints the SHA-256 of what it wrote, the write latencies and the first
+error.
 """
 
 from __future__ import annotations
@@ -59,6 +65,33 @@ def reader(
     return out
 
 
+def writer(mountdir: str, name: str, chunks: int, chunk: int, pause: float) -> dict[str, object]:
+    os.chdir(mountdir)
+    out: dict[str, object] = {"error": None}
+    lat: list[float] = []
+    h = hashlib.sha256()
+    try:
+        fd = os.open(f"{name}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            for _ in range(chunks):
+                data = os.urandom(chunk)
+                t0 = time.perf_counter()
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                lat.append(time.perf_counter() - t0)
+                h.update(data)
+                time.sleep(pause)
+        finally:
+            os.close(fd)
+        os.rename(f"{name}.tmp", name)
+        out["wrote"] = h.hexdigest()
+    except OSError as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    out["latencies"] = lat
+    return out
+
+
 def main(argv: list[str]) -> int:
     if len(argv) >= 3 and argv[0] == "reader":
         chunk = int(argv[3]) if len(argv) > 3 else 1 << 20
@@ -66,7 +99,15 @@ def main(argv: list[str]) -> int:
         direct = len(argv) > 5 and argv[5] == "direct"
         print(json.dumps(reader(argv[1], argv[2], chunk, pause, direct)), flush=True)
         return 0
-    print("usage: python -m airfs.testing.jobs reader MOUNTDIR FILE [CHUNK] [PAUSE] [direct]")
+    if len(argv) >= 4 and argv[0] == "writer":
+        chunk = int(argv[4]) if len(argv) > 4 else 1 << 20
+        pause = float(argv[5]) if len(argv) > 5 else 0.01
+        print(json.dumps(writer(argv[1], argv[2], int(argv[3]), chunk, pause)), flush=True)
+        return 0
+    print(
+        "usage: python -m airfs.testing.jobs reader MOUNTDIR FILE [CHUNK] [PAUSE] [direct]\n"
+        "       python -m airfs.testing.jobs writer MOUNTDIR NAME CHUNKS [CHUNK] [PAUSE]"
+    )
     return 2
 
 

@@ -32,6 +32,10 @@ RECORD_XATTR = "user.airfs.record"
 #: extended attribute holding the path a staging file commits to (kept from creation on, so
 #: a file open for writing at a crash is recovered under its path)
 PATH_XATTR = "user.airfs.path"
+#: extended attribute describing a version open for writing (no journal record yet): what
+#: its commit would need besides its path (:class:`OpenRecord`), kept current while it is open,
+#: so that a daemon taking over a live mount carries its writers over
+OPEN_XATTR = "user.airfs.open"
 #: extended attribute marking a staging file whose bytes need nothing more (committed,
 #: superseded or deleted; still open, or its deletion not applied yet): recovery deletes it
 DONE_XATTR = "user.airfs.done"
@@ -64,6 +68,25 @@ class Record:
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
+        return cls(**json.loads(raw))
+
+
+@dataclass(frozen=True, slots=True)
+class OpenRecord:
+    """What a version open for writing commits with, besides its path and bytes: the origin
+    version it replaces, its mode, times and owner (:data:`OPEN_XATTR`)."""
+
+    base_version: str | None
+    mode: int
+    mtime_ns: int
+    uid: int | None = None
+    gid: int | None = None
+
+    def encode(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> OpenRecord:
         return cls(**json.loads(raw))
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable
 
 from .diskq import DiskQueue
-from .journal import DONE_XATTR, PATH_XATTR, RECORD_XATTR, Record
+from .journal import DONE_XATTR, OPEN_XATTR, PATH_XATTR, RECORD_XATTR, OpenRecord, Record
 from .versions import Staged
 
 __all__ = ["Records"]
@@ -50,6 +50,17 @@ class Records:
         """``st``'s file will be committed to ``path`` (what recovery names it by)."""
         self.disk.set_xattr(st.fd, PATH_XATTR, path.encode("utf-8", "surrogateescape"), st.id)
 
+    def describe(self, st: Staged) -> None:
+        """Record what version ``st``, open for writing (not journaled), commits with: the
+        origin version it replaces, its mode, times and owner (a daemon that takes over the
+        mount adopts it with them, see :mod:`airfs.writeback.recovery`). Called when such a
+        version is made, and again by :meth:`rewrite` whenever one of these changes."""
+        ps = st.ps
+        if ps is None or ps.path is None or st.seq is not None:
+            return
+        rec = OpenRecord(ps.base, st.mode, st.mtime_ns, st.uid, st.gid)
+        self.disk.set_xattr(st.fd, OPEN_XATTR, rec.encode(), st.id)
+
     def close(self, st: Staged, drop: list[Staged]) -> None:
         """Record ``st`` as closed at its generation (numbered once: a version closed again
         keeps its number and the time it first became pending), deleting the records of
@@ -75,10 +86,16 @@ class Records:
     ) -> None:
         """Write the records of the recorded ``versions`` again (their path, base, mode,
         times or owner changed) and delete those of ``forget`` (their ``seq`` cleared), in
-        one transaction; with ``done``, every one of ``forget`` is marked :meth:`done`."""
+        one transaction; with ``done``, every one of ``forget`` is marked :meth:`done`.
+        The description of those of ``versions`` still open for writing is written again
+        (:meth:`describe`)."""
         forget = list(forget)
+        versions = list(versions)
         if done:
             self.done(forget)  # queued first, applied after the records' deletion
+        for v in versions:
+            if v.seq is None:
+                self.describe(v)
         gone = [v for v in forget if v.seq is not None]
         sts = [v for v in versions if v.seq is not None and v.path is not None]
         if not sts and not gone:

@@ -181,6 +181,7 @@ class StagingArea:
         new.mtime_ns = st.mtime_ns if copy else time.time_ns()
         new.ps = ps
         ps.versions.append(new)
+        self.records.describe(new)
         self.release(st)  # committed meanwhile: no longer needed
         return new
 
@@ -431,6 +432,14 @@ class StagingArea:
             self.discard_path(ps)  # the origin's version is what the path shows now
         else:
             self._unlink_version(st)
+
+    def forget_open(self, st: Staged) -> None:
+        """Version ``st``, adopted open by a take-over (no journal record) but reopened by
+        no handle, leaves the area: nothing will commit it (its bytes were kept aside)."""
+        if st.writers or st.seq is not None:
+            raise AssertionError(f"staged {st.id}: not an unclaimed open version")
+        st.committed_gen = st.gen
+        self._unlink_version(st)
 
     def notify(self) -> None:
         """Wake every task waiting for a change (uploader, writers waiting for space,

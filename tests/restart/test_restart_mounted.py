@@ -1,15 +1,16 @@
 """Issue 25 part 1 ("a mount that survives its daemon") through real mounts, on both origins:
 a ``--restartable`` mount's daemon is replaced by ``airfs restart`` and killed with SIGKILL,
 while real processes use the mount (a reader of a large file that also maps it and has its
-working directory in the mount, a ``tail -f``); none of them sees an error and every byte
-read is the file's. A take-over that cannot read the saved state clears and remounts with
-one line saying why; ``airfs restart`` of a mount without a holder and ``--restartable``
-with pyfuse3 are refused with their reason.
+working directory in the mount, a checkpoint writer that keeps one file open for writing
+across the hand-overs, a ``tail -f``); none of them sees an error, every byte read is the
+file's, and every byte written is in the checkpoint, through the mount and at the origin.
+A take-over that cannot read the saved state clears and remounts with one line saying why;
+``airfs restart`` of a mount without a holder and ``--restartable`` with pyfuse3 are
+refused with their reason.
 """
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -88,12 +89,18 @@ class Jobs:
              str(1 << 20), str(pause)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
+        # a checkpoint written over the same time (one write of 256 KiB per read)
+        self.writer = subprocess.Popen(
+            [sys.executable, "-m", "airfs.testing.jobs", "writer", str(root / "d"), "ckpt",
+             str(SIZE >> 20), str(256 << 10), str(pause)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
         self.tail = subprocess.Popen(
             ["tail", "-f", str(root / "d" / "log.txt")],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
 
-    def finish(self, expect: bytes) -> dict[str, object]:
+    def finish(self, v: Volume, expect: bytes) -> dict[str, object]:
         import hashlib
 
         out, err = self.reader.communicate(timeout=300)
@@ -103,7 +110,21 @@ class Jobs:
         want = hashlib.sha256(expect).hexdigest()
         assert got["read"] == want, "the reader read bytes that are not the file's"
         assert got["mmap"] == want, "the mapping shows bytes that are not the file's"
-        assert got["listed"] == ["big", "log.txt"]
+        out, err = self.writer.communicate(timeout=300)
+        assert self.writer.returncode == 0, err
+        wrote = json.loads(out)
+        assert wrote["error"] is None, wrote["error"]
+        ckpt = v.root / "d" / "ckpt"
+        assert hashlib.sha256(ckpt.read_bytes()).hexdigest() == wrote["wrote"], (
+            "the checkpoint through the mount is not what the writer wrote"
+        )
+        # the writer may still be writing (its temporary name) when the reader lists
+        assert set(got["listed"]) - {"ckpt.tmp", "ckpt"} == {"big", "log.txt"}
+        v.m.flush()
+        assert hashlib.sha256(v.origin_bytes("d/ckpt")).hexdigest() == wrote["wrote"], (
+            "the checkpoint at the origin is not what the writer wrote"
+        )
+        assert not list((v.m.cache_dir / "recovered").rglob("*")), "bytes were set aside"
         assert self.tail.poll() is None, "tail -f stopped"
         self.tail.terminate()
         tout, terr = self.tail.communicate(timeout=10)
@@ -133,7 +154,7 @@ def test_restart_and_kill9_keep_jobs_running(restartable: tuple[Volume, int]) ->
     m.pid = _daemon_pid(m, old)
     assert _ppid(m.pid) == holder
     assert jobs.reader.poll() is None, "the reader ended before the hand-overs were done"
-    jobs.finish(data)
+    jobs.finish(v, data)
     log = m.own_log()
     assert "retired: the next daemon takes over" in log
     assert log.count("took over the mount") == 2
@@ -207,30 +228,54 @@ def test_twenty_kill9_in_a_row_under_load(restartable: tuple[Volume, int]) -> No
         m.pid = _daemon_pid(m, old)
         assert _ppid(m.pid) == holder
     assert jobs.reader.poll() is None, "the reader ended before the take-overs were done"
-    jobs.finish(data)
+    jobs.finish(v, data)
     assert m.own_log().count("took over the mount in") == 20
 
 
-def test_a_file_open_for_writing_is_not_reopened(restartable: tuple[Volume, int]) -> None:
-    """The documented limit: a writer's handle is not reopened by the new daemon (its later
-    writes and its close fail with EBADF, never land on another version); what it wrote
-    before is kept under recovered/ by recovery."""
+def test_a_file_open_for_writing_is_carried_over(restartable: tuple[Volume, int]) -> None:
+    """A writer's handle is reopened by the new daemon on the version it was writing (a new
+    file, and a rewrite of a committed one, whose mode and owner survive): its later writes
+    and its close go on, and the file is committed whole with them; nothing is set aside.
+    (It used to be lost: EBADF on the writes and the close, the bytes under recovered/.)"""
     v, _ = restartable
     m = v.m
-    fd = os.open(v.root / "d" / "ckpt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    (v.root / "d" / "old").write_bytes(b"o" * 10000)
+    os.chmod(v.root / "d" / "old", 0o600)
+    m.flush()
+    new = os.open(v.root / "d" / "ckpt", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o640)
+    rewrite = os.open(v.root / "d" / "old", os.O_RDWR)
     try:
-        os.write(fd, b"a" * 4096)
+        os.write(new, b"a" * 4096)
+        os.pwrite(rewrite, b"r" * 100, 50)
         old = m.pid
         os.kill(old, signal.SIGKILL)
         m.pid = _daemon_pid(m, old)
-        with pytest.raises(OSError) as exc:
-            os.write(fd, b"b" * 4096)
-        assert exc.value.errno == errno.EBADF
+        os.write(new, b"b" * 4096)
+        os.pwrite(rewrite, b"s" * 100, 9950)
+        # airfs restart, with both still open
+        old = m.pid
+        p = subprocess.run(
+            [*airfs_cmd(), "restart", str(m.mountpoint)],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert p.returncode == 0, p.stderr
+        m.pid = _daemon_pid(m, old)
+        os.write(new, b"c" * 4096)
+        assert os.pread(rewrite, 10, 45) == b"ooooorrrrr"
     finally:
-        with pytest.raises(OSError) as exc:
-            os.close(fd)  # the kernel's file is released all the same
-        assert exc.value.errno == errno.EBADF
-    assert (m.cache_dir / "recovered" / "d" / "ckpt").read_bytes() == b"a" * 4096
-    assert "was open for writing: not reopened" in m.own_log()
-    # the reader side is unharmed
-    assert (v.root / "d" / "log.txt").read_text() == "first line\n"
+        os.close(new)
+        os.close(rewrite)
+    want_new = b"a" * 4096 + b"b" * 4096 + b"c" * 4096
+    want_old = b"o" * 50 + b"r" * 100 + b"o" * 9800 + b"s" * 100  # 50 bytes past the end
+    assert (v.root / "d" / "ckpt").read_bytes() == want_new
+    assert (v.root / "d" / "old").read_bytes() == want_old
+    m.flush()
+    assert v.origin_bytes("d/ckpt") == want_new
+    assert v.origin_bytes("d/old") == want_old
+    assert v.spec.view.stat("d/old").mode & 0o777 == 0o600
+    assert v.spec.view.stat("d/ckpt").mode & 0o777 == 0o640
+    assert not list((m.cache_dir / "recovered").rglob("*")), "bytes were set aside"
+    log = m.own_log()
+    assert "was open for writing: adopted for the take-over" in log
+    assert "not reopened" not in log
+    assert log.count("took over the mount in") == 2
