@@ -408,6 +408,7 @@ class CachedReadPath:
             readers_open=len(self._readers),
             index_pending=t.pending(),
             index_flushes=s.index_flushes,
+            index_map_loads=s.index_map_loads,
         )
 
     async def flush(self) -> None:

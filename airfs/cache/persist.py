@@ -49,6 +49,11 @@ class IndexKeeper:
         self._flush_interval = flush_interval
         self._flush_lock = trio.Lock()
         self._index: CacheIndex | None = None
+        #: block maps asked for while a load job runs: they go together in the next job
+        self._batch: list[CachedObject] | None = None
+        self._batch_done = trio.Event()
+        #: set when the load job in flight ends (None: none in flight)
+        self._job_done: trio.Event | None = None
 
     def open(self) -> None:
         """Open the index (taking the directory's lock) and load the object table from it.
@@ -126,31 +131,69 @@ class IndexKeeper:
 
     async def ensure_loaded(self, obj: CachedObject) -> None:
         """Load the block map of an object known from the index (once, in a thread). A map
-        that cannot be read (or whose file is gone) leaves the object empty: it is refetched."""
+        that cannot be read (or whose file is gone) leaves the object empty: it is refetched.
+
+        One load job runs at a time; the maps asked for meanwhile are collected and loaded
+        together by the next job (the first opens after a restart, many at once, cost one
+        worker-thread round trip per batch instead of one each)."""
         while obj.have is None:
             if obj.loading is not None:
                 await obj.loading.wait()
                 continue
-            ev = obj.loading = trio.Event()
-            raw: bytes | None = None
-            exists = False
+            if self._batch is not None:  # a batch is collecting: join it
+                self._batch.append(obj)
+                obj.loading = self._batch_done
+                continue
+            batch, done = [obj], trio.Event()
+            self._batch, self._batch_done, obj.loading = batch, done, done
             try:
-                try:
-                    raw, exists = await trio.to_thread.run_sync(
-                        self._load_map_job, obj, limiter=self._io_limiter
-                    )
-                except Exception:
-                    log.exception("cache index: cannot load %s", obj.path)
-                self._install_map(obj, raw, exists)
-            finally:
-                obj.loading = None
-                ev.set()
+                while self._job_done is not None:
+                    await self._job_done.wait()
+            except BaseException:  # cancelled before its job: the others ask again
+                self._batch = None
+                for o in batch:
+                    o.loading = None
+                done.set()
+                raise
+            self._batch = None
+            await self._load_batch(batch, done)
 
-    def _load_map_job(self, obj: CachedObject) -> tuple[bytes | None, bool]:
+    async def _load_batch(self, batch: list[CachedObject], done: trio.Event) -> None:
+        job_done = self._job_done = trio.Event()
+        got: list[tuple[bytes | None, bool]] = [(None, False)] * len(batch)
+        ended = False  # else (interrupted) nothing is installed: the objects are asked again
+        try:
+            self._stats.index_map_loads += 1
+            got = await trio.to_thread.run_sync(
+                self._load_maps_job, batch, limiter=self._io_limiter
+            )
+            ended = True
+        except Exception:
+            log.exception("cache index: cannot load %d block map(s)", len(batch))
+            ended = True
+        finally:
+            self._job_done = None
+            job_done.set()
+            for o, (raw, exists) in zip(batch, got, strict=True):
+                try:
+                    if ended:
+                        self._install_map(o, raw, exists)
+                finally:
+                    o.loading = None
+            done.set()
+
+    def _load_maps_job(self, batch: list[CachedObject]) -> list[tuple[bytes | None, bool]]:
         assert self._index is not None
-        raw = self._index.load_map(obj.key)
-        exists = os.path.exists(self._table.files.path(obj))
-        return raw, exists
+        out: list[tuple[bytes | None, bool]] = []
+        for obj in batch:
+            try:
+                raw = self._index.load_map(obj.key)
+                exists = os.path.exists(self._table.files.path(obj))
+            except Exception:
+                log.exception("cache index: cannot load %s", obj.path)
+                raw, exists = None, False
+            out.append((raw, exists))
+        return out
 
     def _install_map(self, obj: CachedObject, raw: bytes | None, exists: bool) -> None:
         if obj.have is not None:

@@ -25,6 +25,7 @@ class Counters:
         "evictions",
         "hit_bytes",
         "index_flushes",
+        "index_map_loads",
         "miss_bytes",
         "origin_bytes_read",
         "origin_requests",
@@ -45,6 +46,7 @@ class Counters:
     evictions: int
     hit_bytes: int
     index_flushes: int
+    index_map_loads: int
     miss_bytes: int
     origin_bytes_read: int
     origin_requests: int
@@ -90,7 +92,9 @@ class CacheStatistics:
     written into the cache file), ``inflight_peak_bytes``, ``inflight_budget``;
     ``inflight_waits`` (prefetch parts that waited for the budget);
     ``readers_open``; ``index_pending`` (objects not yet written to the index),
-    ``index_flushes`` (index transactions).
+    ``index_flushes`` (index transactions), ``index_map_loads`` (worker-thread jobs that
+    loaded block maps from the index: the first use of each cached object after a start,
+    those asked at once loaded together).
     """
 
     cache_dir: str
@@ -127,6 +131,7 @@ class CacheStatistics:
     readers_open: int
     index_pending: int
     index_flushes: int
+    index_map_loads: int = 0
     kind: Literal["cached"] = "cached"
 
     def to_dict(self) -> dict[str, Any]:

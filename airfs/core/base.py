@@ -322,8 +322,12 @@ class Core:
         return caller.uid, caller.gid, False
 
     async def stat(self, path: str, *, fast: bool = False) -> Entry | None:
+        """The origin's entry of ``path`` (None: it does not exist); ``fast`` ones (what the
+        core revalidates) are asked together with those asked meanwhile."""
         try:
-            return await self.origin.stat(path, fast=fast)
+            if fast:
+                return await self.origin.stat_joined(path)
+            return await self.origin.stat(path)
         except NotFound:
             return None
 

@@ -24,6 +24,7 @@ origin (``abandon=False``) are waited for, so the caller always knows whether th
 from __future__ import annotations
 
 import collections
+import copy
 import functools
 import logging
 import random
@@ -82,6 +83,17 @@ class OriginStats:
         return out
 
 
+@dataclass(eq=False)
+class _StatBatch:
+    """Fast stats asked together (:meth:`AsyncOrigin.stat_joined`): the paths (in order),
+    set when the job ended (or will not run), each path's entry or error, the job's error."""
+
+    paths: dict[str, None]
+    done: trio.Event = field(default_factory=trio.Event)
+    results: dict[str, Entry | OriginError] = field(default_factory=dict)
+    error: OriginError | None = None
+
+
 class AsyncOrigin:
     """Wraps an :class:`~airfs.origin.base.Origin` for use from trio tasks."""
 
@@ -111,6 +123,11 @@ class AsyncOrigin:
         #: the origin's own time per ``stat`` in ``stat_many`` (a moving mean, written by its
         #: worker threads): over ``SLOW_STAT_S``, the stats ahead are asked in parallel
         self.stat_s = 0.0
+        #: the fast stats collecting for the next joined job, and the end of the one running
+        self._stat_batch: _StatBatch | None = None
+        self._stat_job: trio.Event | None = None
+        #: worker-thread jobs that asked joined stats (each asks one or more paths)
+        self.joined_jobs = 0
         self._calls: collections.Counter[str] = collections.Counter()
         self._retries: collections.Counter[str] = collections.Counter()
         self._errors: collections.Counter[str] = collections.Counter()
@@ -228,6 +245,68 @@ class AsyncOrigin:
 
     async def stat(self, path: str, *, fast: bool = False) -> Entry:
         return await self.call(self.sync.stat, path, what=f"stat {path}", op="stat", fast=fast)
+
+    async def stat_joined(self, path: str) -> Entry:
+        """A fast :meth:`stat` (``fast=True``) asked together with those that arrive while
+        one such job runs: where a ``stat`` is quick (a local directory) the stats asked
+        meanwhile go in the next worker-thread job, one round trip for many lookups at once
+        (the first pass of a restarted job); where it is a request (S3: over
+        ``SLOW_STAT_S``) each is asked alone, in parallel. Raises as :meth:`stat`, each path
+        its own error (a transient one is asked again alone, with the retry policy)."""
+        if self.stat_s > SLOW_STAT_S:
+            return await self.stat(path, fast=True)
+        b = self._stat_batch
+        if b is not None:  # a batch is collecting: join it
+            b.paths[path] = None
+            await b.done.wait()
+        else:
+            b = self._stat_batch = _StatBatch({path: None})
+            try:
+                while self._stat_job is not None:
+                    await self._stat_job.wait()
+            except BaseException:
+                if self._stat_batch is b:
+                    self._stat_batch = None
+                b.done.set()  # cancelled before its job: the others ask alone (no result)
+                raise
+            if self._stat_batch is b:
+                self._stat_batch = None
+            await self._run_stat_batch(b)
+        got = b.results.get(path)
+        if b.error is not None:
+            raise copy.copy(b.error) from None
+        if got is None or (isinstance(got, OriginError) and got.transient):
+            return await self.stat(path, fast=True)
+        if isinstance(got, OriginError):
+            raise copy.copy(got) from None
+        return got
+
+    async def _run_stat_batch(self, b: _StatBatch) -> None:
+        job = self._stat_job = trio.Event()
+        paths = list(b.paths)
+        self.joined_jobs += 1
+        try:
+            b.results = await self.call(
+                self._stat_each, paths, what=f"stat {paths[0]}", op="stat", fast=True
+            )
+            self._calls["stat"] += len(paths) - 1  # counted per path, as alone
+        except OriginError as exc:
+            b.error = exc
+        finally:
+            self._stat_job = None
+            job.set()
+            b.done.set()
+
+    def _stat_each(self, paths: list[str]) -> dict[str, Entry | OriginError]:
+        out: dict[str, Entry | OriginError] = {}
+        t0 = perf_counter()
+        for p in paths:
+            try:
+                out[p] = self.sync.stat(p)
+            except OriginError as exc:
+                out[p] = exc
+        self.stat_s = 0.8 * self.stat_s + 0.2 * (perf_counter() - t0) / len(paths)
+        return out
 
     async def stat_many(
         self, paths: list[str], *, fast: bool = False, budget_s: float = 0.02
