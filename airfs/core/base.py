@@ -339,7 +339,10 @@ class Core:
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
-            if listing is None and self.listings.worth_relisting(parent, self.name_s):
+            if listing is None and (
+                self.listings.worth_relisting(parent, self.name_s)
+                or self.listings.first_listing_due(parent, name)
+            ):
                 listing = await self.relist(parent, time.monotonic())
             if listing is not None:
                 listing.asked += 1

@@ -27,6 +27,12 @@ one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relist
   again, and a huge directory walked by name is listed again at most once per its
   listing's cost in names.
 
+A directory with no listing kept (never listed, or evicted) is listed once
+``FIRST_LISTING_AFTER`` different names were asked of it one by one
+(:meth:`ListingCache.first_listing_due`): a job's first pass over a directory after a
+restart costs one listing instead of a ``stat`` (S3: a HEAD) per file; one hot file asked
+again and again never lists its directory.
+
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
 the next ones are asked of the origin with the asked one, in the same worker-thread job
@@ -52,6 +58,9 @@ RELIST_MAX_TOOK = 0.8
 PAGE = 1000
 #: the most names asked ahead of a walk in one origin job
 AHEAD_MAX = 256
+#: a directory with no listing kept is listed once this many different names were asked of
+#: it one by one (a pass over it: a restarted job, ``find``; not one hot file)
+FIRST_LISTING_AFTER = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +109,8 @@ class ListingCache:
         self.negative_hits = 0
         self.relists = 0
         self.ahead_hits = 0
+        #: directories with no listing kept -> the different names asked of them one by one
+        self._unlisted: collections.OrderedDict[str, set[str]] = collections.OrderedDict()
 
     def put(self, dir_path: str, entries: list[Entry], at: float, took: float = 0.0) -> Listing:
         """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
@@ -116,6 +127,7 @@ class ListingCache:
                         listing.entries.pop(name, None)
                     else:
                         listing.entries[name] = entry
+        self._unlisted.pop(dir_path, None)
         if self._changed.get(dir_path, -1.0) < at:
             self._dirs[dir_path] = listing
             self._dirs.move_to_end(dir_path)
@@ -151,6 +163,23 @@ class ListingCache:
         if listing.took >= self.ttl * RELIST_MAX_TOOK:
             return False
         return len(listing.entries) <= PAGE or listing.asked * PAGE >= len(listing.entries)
+
+    def first_listing_due(self, dir_path: str, name: str) -> bool:
+        """``name`` of ``dir_path``, which has no listing kept, is about to be asked of the
+        origin by itself: whether to list the directory instead (``FIRST_LISTING_AFTER``
+        different names asked so)."""
+        if dir_path in self._dirs:
+            return False
+        names = self._unlisted.get(dir_path)
+        if names is None:
+            names = self._unlisted[dir_path] = set()
+            while len(self._unlisted) > self.max_dirs:
+                self._unlisted.popitem(last=False)
+        else:
+            self._unlisted.move_to_end(dir_path)
+        if len(names) < FIRST_LISTING_AFTER:
+            names.add(name)
+        return len(names) >= FIRST_LISTING_AFTER
 
     def asked(self, dir_path: str) -> None:
         """A name in ``dir_path`` was asked of the origin by itself (its listing expired and

@@ -18,7 +18,7 @@ import trio
 
 from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
-from airfs.core.listings import PAGE
+from airfs.core.listings import FIRST_LISTING_AFTER, PAGE
 from airfs.daemon.build import build
 from airfs.testing.memory import MemoryOrigin
 
@@ -210,3 +210,30 @@ async def test_a_walk_on_an_origin_of_slow_stats_asks_ahead_in_parallel(tmp_path
         jobs = calls.get("stat", 0) + calls.get("stat_many", 0) - before
         assert jobs < 60, f"{jobs} origin jobs for 120 names"
         assert fs.statistics().ahead_hits > 60
+
+
+async def test_a_directory_never_listed_is_listed_once_a_pass_over_it_begins(
+    tmp_path: Path,
+) -> None:
+    """The first pass of a restarted job over a directory it never listed: the names asked
+    one by one (a ``stat`` each, S3: a HEAD) are FIRST_LISTING_AFTER at most; then one
+    listing answers the rest, with what the origin has (a file added meanwhile is seen)."""
+    n = 3 * FIRST_LISTING_AFTER
+    async with core(tmp_path, ttl=60, n=n) as (fs, mem, slow, d):
+        mem.put_bytes("d/late", b"late")
+        for i in range(n):
+            assert (await fs.lookup(d, f"f{i}")).size == 1
+        assert (await fs.lookup(d, "late")).size == 4
+        with pytest.raises(FileNotFoundError):
+            await fs.lookup(d, "absent")
+        assert slow.lists == 1
+        assert slow.stats == FIRST_LISTING_AFTER - 1  # the last one asked lists instead
+
+
+async def test_one_hot_file_never_lists_its_directory(tmp_path: Path) -> None:
+    async with core(tmp_path, ttl=0.05, n=2 * FIRST_LISTING_AFTER) as (fs, _mem, slow, d):
+        for _ in range(2 * FIRST_LISTING_AFTER):
+            await fs.lookup(d, "f1")
+            await trio.sleep(0.06)  # past the TTL: asked again
+        assert slow.lists == 0
+        assert slow.stats >= 2 * FIRST_LISTING_AFTER - 1
