@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -18,6 +18,9 @@ from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin, tmp_tag
 
 from .config import MountConfig, MountError
+
+if TYPE_CHECKING:
+    from airfs.origin.s3 import S3Origin
 
 log = logging.getLogger("airfs")
 
@@ -35,6 +38,55 @@ def posix_of(origin: Origin) -> PosixOrigin | None:
     """The POSIX origin ``origin`` is (or emulates the latency of), else None."""
     inner = origin.inner if isinstance(origin, LatencyOrigin) else origin
     return inner if isinstance(inner, PosixOrigin) else None
+
+
+def s3_of(origin: Origin) -> S3Origin | None:
+    """The S3 origin ``origin`` is (or emulates the latency of), else None."""
+    from airfs.origin.s3 import S3Origin
+
+    inner = origin.inner if isinstance(origin, LatencyOrigin) else origin
+    return inner if isinstance(inner, S3Origin) else None
+
+
+def known_file(cache_dir: str) -> str:
+    """Where an S3 mount keeps what it knows of objects' stored attributes between daemons."""
+    return os.path.join(cache_dir, "s3-known.json")
+
+
+def load_known(origin: Origin, cache_dir: str) -> None:
+    """An S3 origin remembers the attributes the previous daemon on ``cache_dir`` saved:
+    its first listings HEAD only the objects not seen before (or changed since)."""
+    s3 = s3_of(origin)
+    if s3 is not None:
+        n = s3.load_known(known_file(cache_dir))
+        if n:
+            log.info("remembered the stored attributes of %d S3 object(s)", n)
+
+
+def save_known(origin: Origin, cache_dir: str) -> None:
+    """Save what an S3 origin knows of objects' stored attributes (errors logged)."""
+    s3 = s3_of(origin)
+    if s3 is not None:
+        try:
+            s3.save_known(known_file(cache_dir))
+        except OSError as exc:
+            log.warning("cannot save the known S3 attributes: %s", exc)
+
+
+async def keep_known(origin: Origin, cache_dir: str, interval: float = 120.0) -> None:
+    """Forever: every ``interval`` seconds, save what an S3 origin knows of objects' stored
+    attributes when it changed (a daemon killed loses at most that much); nothing for other
+    origins."""
+    s3 = s3_of(origin)
+    if s3 is None:
+        return
+    saved = -1
+    while True:
+        await trio.sleep(interval)
+        now = len(s3.client.known)
+        if now != saved:
+            await trio.to_thread.run_sync(save_known, origin, cache_dir)
+            saved = now
 
 
 def _open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:

@@ -42,7 +42,7 @@ from .config import pop_option
 from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
-from .origins import make_readpath, open_origin, posix_of
+from .origins import keep_known, load_known, make_readpath, open_origin, posix_of, save_known
 from .takeover import lock_cache_dir, mount_or_take_over, paths_open_for_writing
 
 log = logging.getLogger("airfs")
@@ -120,6 +120,7 @@ async def serve(
     sync_origin = open_origin(cfg, overlay_fd)
     posix = posix_of(sync_origin)
     prepare_cache_dir(cfg.cache_dir)
+    load_known(sync_origin, cfg.cache_dir)
     if standby and link is not None:
         # loaded and waiting: what a take-over needs later is imported now
         import airfs.cache
@@ -160,6 +161,7 @@ async def serve(
     except OriginError as exc:
         raise MountError(f"origin {sync_origin.url}: {exc.strerror or exc}") from None
     finally:
+        save_known(sync_origin, cfg.cache_dir)
         sync_origin.close()
         os.close(lock_fd)
         log.info("daemon exits with code %d", code)
@@ -226,6 +228,7 @@ async def _serve(
             nursery.start_soon(_signals, d)
             nursery.start_soon(_abort_stale_uploads, d)
             nursery.start_soon(d.prefetcher.run)
+            nursery.start_soon(keep_known, built.origin.sync, cfg.cache_dir)
             if serve_metrics is not None:
                 nursery.start_soon(serve_metrics)
             nursery.start_soon(heap.trim_when_idle, d.activity, trim_idle_s)

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import obstore
 import pytest
@@ -389,3 +390,55 @@ def test_deleted_and_renamed_keys_are_not_remembered(
     for i in range(5, 10):
         o.delete(f"g{i}")
     assert len(o.client.known) == before
+
+
+def test_known_attributes_are_saved_for_the_next_daemon(
+    s3_origin_factory: Factory, seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """What one daemon learnt of objects' stored attributes (HEADs) is saved in its cache
+    dir and loaded by the next: its first listing of the directory HEADs nothing it already
+    saw, and still gets each object's mode; an object changed since is HEADed again; a file
+    of another origin, or a damaged one, adds nothing."""
+    o = s3_origin_factory()
+    o.mkdir("d")
+    for i in range(6):
+        src = tmp_path / f"src{i}"
+        src.write_bytes(b"x" * i)
+        o.put(f"d/f{i}", str(src), None, mode=0o600 if i == 0 else 0o644)
+    assert {e.name for e in o.list("d")} == {f"f{i}" for i in range(6)}
+    time.sleep(2.1)  # past Last-Modified's second: what is known is trusted from then on
+    o.list("d")  # read again now (a HEAD each): remembered as of now
+    saved = str(tmp_path / "known.json")
+    assert o.save_known(saved) >= 6
+    assert oct(os.stat(saved).st_mode & 0o777) == "0o600"
+
+    def counting(origin: S3Origin) -> list[str]:
+        heads: list[str] = []
+        real = origin.client.head
+
+        def head(path: str) -> Any:
+            heads.append(path)
+            return real(path)
+
+        origin.client.head = head  # type: ignore[method-assign]
+        return heads
+
+    nxt = S3Origin.from_url(o.url, env=seaweed.env)
+    try:
+        assert nxt.load_known(saved) >= 6
+        src = tmp_path / "changed"
+        src.write_bytes(b"changed")
+        o.put("d/f5", str(src), None, mode=0o640)  # changed since it was saved
+        heads = counting(nxt)
+        got = {e.name: e for e in nxt.list("d")}
+        assert got["f0"].mode & 0o777 == 0o600 and got["f1"].mode & 0o777 == 0o644
+        assert got["f5"].mode & 0o777 == 0o640
+        assert [h.rsplit("/", 1)[1] for h in heads] == ["f5"]
+    finally:
+        nxt.close()
+    other = s3_origin_factory()
+    assert other.load_known(saved) == 0  # another origin's
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert other.load_known(str(bad)) == 0
+    assert other.load_known(str(tmp_path / "missing.json")) == 0

@@ -23,4 +23,6 @@ BULK_MIN = 1 << 20
 PROBE_PREFIX = ".airfs-probe-"
 #: Modes remembered per key (with the ETag they belong to), and HEADs in flight per listing.
 MODE_CACHE_MAX = 1 << 20
+#: the most remembered attributes a daemon saves for the next one on its cache dir
+KNOWN_SAVED_MAX = 200_000
 LIST_HEADS = 32

@@ -12,6 +12,8 @@ conditional-copy probe :class:`~._link.Links`').
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import threading
 import time
 import uuid
@@ -23,7 +25,7 @@ import obstore
 from obstore.store import S3Store
 
 from ..base import Entry, Kind, NotFound, NotSupported, OriginError, split
-from ._config import MODE_CACHE_MAX, PROBE_PREFIX
+from ._config import KNOWN_SAVED_MAX, MODE_CACHE_MAX, PROBE_PREFIX
 from ._errors import s3_code, translate
 from ._meta import DEFAULT_MODE, Meta, from_headers, http_date_ns, ns_of, parse
 from ._raw import RawS3, quote
@@ -62,6 +64,58 @@ class KnownAttrs:
         """``path`` is gone (deleted, renamed away): its remembered attributes go too."""
         with self._lock:
             self._known.pop(path, None)
+
+    def dump(self, file: str, origin: str, most: int = KNOWN_SAVED_MAX) -> int:
+        """Write the ``most`` most recently seen attributes to ``file`` (JSON, 0600, replaced
+        atomically) for :meth:`load` by the next daemon on the same cache dir; returns how
+        many. Blocking: call from a worker thread."""
+        with self._lock:
+            recent = list(self._known.items())[-most:]
+        rows = [
+            [p, tok[0], tok[1], m.mode, m.uid, m.gid, m.mtime_ns, seen]
+            for p, (tok, m, seen) in recent
+        ]
+        tmp = f"{file}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": 1, "origin": origin, "known": rows}, f, separators=(",", ":"))
+        os.replace(tmp, file)
+        return len(rows)
+
+    def load(self, file: str, origin: str) -> int:
+        """Add what :meth:`dump` wrote to ``file`` for the same ``origin`` (a missing or
+        damaged file, another origin's, or another version's adds nothing); what is known
+        already stays. Each entry is trusted only for the exact object state (ETag and
+        Last-Modified) it was read in, as when it was first read. Returns how many."""
+        try:
+            with open(file, encoding="utf-8") as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return 0
+        if not isinstance(data, dict) or data.get("version") != 1 or data.get("origin") != origin:
+            return 0
+        rows = data.get("known")
+        added = 0
+        with self._lock:
+            for row in rows if isinstance(rows, list) else ():
+                try:
+                    p, etag, lm, mode, uid, gid, mtime, seen = row
+                    if not (isinstance(p, str) and isinstance(etag, str)):
+                        continue
+                    ints = (mode, uid, gid, mtime)
+                    if not all(v is None or isinstance(v, int) for v in ints):
+                        continue
+                    token, meta = (etag, int(lm)), Meta(mode, uid, gid, mtime)
+                    entry = (token, meta, int(seen))
+                except (TypeError, ValueError):
+                    continue
+                if p not in self._known:
+                    self._known[p] = entry
+                    self._known.move_to_end(p, last=False)  # older than what was seen here
+                    added += 1
+            while len(self._known) > self.limit:
+                self._known.popitem(last=False)
+        return added
 
     def get(self, path: str, token: tuple[str, int], *, recent: bool = False) -> Meta | None:
         """The stored attributes of ``path`` in the state ``token``, if this origin saw it

@@ -284,6 +284,17 @@ class S3Origin:
             link_copies=True,
         )
 
+    def save_known(self, file: str) -> int:
+        """Save what this origin remembers of objects' stored attributes (mode, owner) to
+        ``file``, so that the next daemon on the same cache dir lists a directory without a
+        HEAD per object it already saw (see :meth:`~._core.KnownAttrs.dump`). Blocking."""
+        return self.client.known.dump(file, self.url)
+
+    def load_known(self, file: str) -> int:
+        """Remember what :meth:`save_known` saved for this origin
+        (:meth:`~._core.KnownAttrs.load`)."""
+        return self.client.known.load(file, self.url)
+
     def close(self) -> None:
         """Close the signing client's kept-alive connections (obstore's pool closes with the
         store when it is collected)."""
