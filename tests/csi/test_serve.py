@@ -5,6 +5,7 @@ arguments are refused with their reason."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -24,7 +25,7 @@ pytestmark = pytest.mark.mount
 
 
 class Serve:
-    def __init__(self, tmp: Path, *extra: str) -> None:
+    def __init__(self, tmp: Path, *extra: str, mount_options: str = "") -> None:
         self.tmp = tmp
         self.sock = tmp / "csi" / "csi.sock"
         self.mnt = tmp / "Volumes"
@@ -43,7 +44,7 @@ class Serve:
             str(self.mnt),
             "--origin",
             str(self.origin),
-            f"--mount-options=--cache-dir {tmp / 'cache'} --cache-size 64M",
+            f"--mount-options=--cache-dir {tmp / 'cache'} --cache-size 64M {mount_options}",
             *extra,
         ]
         self.proc = subprocess.Popen(
@@ -127,6 +128,59 @@ def test_serve_exits_1_when_the_mount_daemon_dies(serve: Serve) -> None:
     _, err = serve.proc.communicate(timeout=60)
     assert serve.proc.returncode == 1, err
     assert "the node's airfs mount daemon exited with code -9" in err
+
+
+def test_a_restartable_node_mount_survives_its_daemon(tmp_path: Path) -> None:
+    """The DaemonSet's mount is ``--restartable``: when its daemon dies, the holder's next
+    daemon takes the mount over; a pod's open file in its published volume reads on, the
+    plugin keeps serving (Probe ready) and still drains on SIGTERM."""
+    if not fuse_available() or os.geteuid() != 0:
+        pytest.skip("needs /dev/fuse, fusermount3 and root")
+    serve = Serve(tmp_path, mount_options="--restartable")
+    try:
+        serve.wait_serving()
+        proto = protocol()
+        pb = proto.pb
+        with grpc.insecure_channel(f"unix://{serve.sock}") as ch:
+            ident, node = proto.grpc.IdentityStub(ch), proto.grpc.NodeStub(ch)
+            target = serve.tmp / "pods" / "p" / "mount"
+            target.parent.mkdir(parents=True)
+            vc = pb.VolumeCapability
+            node.NodePublishVolume(
+                pb.NodePublishVolumeRequest(
+                    volume_id="main.default.images",
+                    target_path=str(target),
+                    volume_capability=vc(mount=vc.MountVolume(), access_mode=vc.AccessMode(mode=5)),
+                ),
+                timeout=30,
+            )
+            with open(target / "a.txt", "rb", buffering=0) as f:
+                old = int(client.status(str(serve.mnt))["pid"])
+                os.kill(old, signal.SIGKILL)
+                deadline = time.monotonic() + 60
+                pid = old
+                while pid == old and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    with contextlib.suppress(Exception):
+                        pid = int(client.status(str(serve.mnt))["pid"])
+                assert pid != old, "no daemon took the mount over"
+                assert os.pread(f.fileno(), 10, 0) == b"A"  # the pod's open file reads on
+            assert (target / "a.txt").read_text() == "A"
+            assert ident.Probe(pb.ProbeRequest(), timeout=10).ready.value is True
+            assert serve.proc.poll() is None, "the plugin exited"
+            node.NodeUnpublishVolume(
+                pb.NodeUnpublishVolumeRequest(
+                    volume_id="main.default.images", target_path=str(target)
+                ),
+                timeout=30,
+            )
+        code, err = serve.stop()
+        assert code == 0, err
+        assert "died (code -9): taking over" in err
+        assert "Traceback" not in err and " ERROR " not in err, err
+        assert not is_mounted(serve.mnt)
+    finally:
+        serve.cleanup()
 
 
 def test_serve_refuses_a_missing_origin(tmp_path: Path) -> None:
