@@ -12,6 +12,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,6 +77,23 @@ class Serve:
             fusermount_unmount(self.mnt)
 
 
+def publish(serve: Serve, node: Any) -> Path:
+    """Publish ``main.default.images`` read-write into a pod's target, as the kubelet does."""
+    pb = protocol().pb
+    target = serve.tmp / "pods" / "p" / "mount"
+    target.parent.mkdir(parents=True)
+    vc = pb.VolumeCapability
+    node.NodePublishVolume(
+        pb.NodePublishVolumeRequest(
+            volume_id="main.default.images",
+            target_path=str(target),
+            volume_capability=vc(mount=vc.MountVolume(), access_mode=vc.AccessMode(mode=5)),
+        ),
+        timeout=30,
+    )
+    return target
+
+
 @pytest.fixture
 def serve(tmp_path: Path) -> Iterator[Serve]:
     if not fuse_available() or os.geteuid() != 0:
@@ -96,17 +114,7 @@ def test_serve_mounts_publishes_and_drains_on_sigterm(serve: Serve) -> None:
         ident, node = proto.grpc.IdentityStub(ch), proto.grpc.NodeStub(ch)
         assert ident.Probe(pb.ProbeRequest(), timeout=10).ready.value is True
         assert node.NodeGetInfo(pb.NodeGetInfoRequest(), timeout=10).node_id == "node-7"
-        target = serve.tmp / "pods" / "p" / "mount"
-        target.parent.mkdir(parents=True)
-        vc = pb.VolumeCapability
-        node.NodePublishVolume(
-            pb.NodePublishVolumeRequest(
-                volume_id="main.default.images",
-                target_path=str(target),
-                volume_capability=vc(mount=vc.MountVolume(), access_mode=vc.AccessMode(mode=5)),
-            ),
-            timeout=30,
-        )
+        target = publish(serve, node)
         (target / "b.txt").write_text("B")  # a pod's write, pending in the node's mount
         node.NodeUnpublishVolume(
             pb.NodeUnpublishVolumeRequest(volume_id="main.default.images", target_path=str(target)),
@@ -143,17 +151,7 @@ def test_a_restartable_node_mount_survives_its_daemon(tmp_path: Path) -> None:
         pb = proto.pb
         with grpc.insecure_channel(f"unix://{serve.sock}") as ch:
             ident, node = proto.grpc.IdentityStub(ch), proto.grpc.NodeStub(ch)
-            target = serve.tmp / "pods" / "p" / "mount"
-            target.parent.mkdir(parents=True)
-            vc = pb.VolumeCapability
-            node.NodePublishVolume(
-                pb.NodePublishVolumeRequest(
-                    volume_id="main.default.images",
-                    target_path=str(target),
-                    volume_capability=vc(mount=vc.MountVolume(), access_mode=vc.AccessMode(mode=5)),
-                ),
-                timeout=30,
-            )
+            target = publish(serve, node)
             with open(target / "a.txt", "rb", buffering=0) as f:
                 old = int(client.status(str(serve.mnt))["pid"])
                 os.kill(old, signal.SIGKILL)
