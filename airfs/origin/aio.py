@@ -24,7 +24,6 @@ origin (``abandon=False``) are waited for, so the caller always knows whether th
 from __future__ import annotations
 
 import collections
-import copy
 import functools
 import logging
 import random
@@ -274,11 +273,11 @@ class AsyncOrigin:
             await self._run_stat_batch(b)
         got = b.results.get(path)
         if b.error is not None:
-            raise copy.copy(b.error) from None
+            raise b.error  # the one error of the job, for each path it asked
         if got is None or (isinstance(got, OriginError) and got.transient):
             return await self.stat(path, fast=True)
         if isinstance(got, OriginError):
-            raise copy.copy(got) from None
+            raise got
         return got
 
     async def _run_stat_batch(self, b: _StatBatch) -> None:

@@ -6,6 +6,7 @@ the one asking alone would get: entries, absent names, errors."""
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -45,7 +46,7 @@ async def test_concurrent_stats_share_jobs_and_keep_their_own_answers() -> None:
         try:
             got[path] = (await a.stat_joined(path)).size
         except (NotFound, PermissionDenied) as exc:
-            got[path] = type(exc)
+            got[path] = (type(exc), exc.errno)  # the errno the filesystem replies with
 
     async with trio.open_nursery() as nursery:
         for i in range(N):
@@ -54,8 +55,8 @@ async def test_concurrent_stats_share_jobs_and_keep_their_own_answers() -> None:
         nursery.start_soon(one, "d/denied")
     assert got == {
         **{f"d/f{i}": i for i in range(N)},
-        "d/missing": NotFound,
-        "d/denied": PermissionDenied,
+        "d/missing": (NotFound, errno.ENOENT),
+        "d/denied": (PermissionDenied, errno.EACCES),
     }
     assert a.joined_jobs < N // 4, a.joined_jobs  # not one job each
     assert a.statistics().calls["stat"] == N + 2  # counted per path, as alone
