@@ -51,10 +51,12 @@ def failure_errno(log: logging.Logger, op: str, exc: Exception) -> int:
     """The errno to answer the request ``op`` that raised ``exc``, logged on ``log``: an
     ``OSError``'s own errno (EIO if it has none) at :func:`error_level`; anything else is a
     bug, logged with its traceback and answered EIO."""
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError) and isinstance(exc.errno, int | None):
         code = exc.errno or errno.EIO
         log.log(error_level(code), "%s: %s", op, exc)
         return code
+    # not an OSError, or one built wrong (its errno not a number): a bug, never a dead
+    # daemon (a reply it cannot encode would end the session)
     log.error("%s failed", op, exc_info=exc)
     return errno.EIO
 
