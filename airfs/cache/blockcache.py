@@ -56,6 +56,7 @@ from .prefetch import Stream
 from .reader import CachedReader
 from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
+from .store import CachedObject, object_key
 
 __all__ = ["CachedReadPath", "CachedReader"]
 
@@ -75,6 +76,9 @@ class CacheOptions(TypedDict, total=False):
     inflight_budget: int
     max_parallel: int
     flush_interval: float
+
+#: block maps loaded in one worker-thread job for :meth:`CachedReadPath.expect`
+EXPECT_BATCH = 256
 
 
 class CachedReadPath:
@@ -175,6 +179,9 @@ class CachedReadPath:
         self._stop = trio.Event()
         self._run_done: trio.Event | None = None
         self._running = False
+        #: objects whose block maps :meth:`expect` asked for, loaded by ``_load_expected``
+        self._expected: list[CachedObject] = []
+        self._expect_ev = trio.Event()
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -230,6 +237,7 @@ class CachedReadPath:
                 nursery.start_soon(self._files.run)
                 nursery.start_soon(self._keeper.remove_orphans)
                 nursery.start_soon(self.backing.run_recorder)
+                nursery.start_soon(self._load_expected)
                 task_status.started()
                 await self._stop.wait()
                 nursery.cancel_scope.cancel()
@@ -361,6 +369,30 @@ class CachedReadPath:
         """See :meth:`airfs.core.readpath.ReadPath.local_file_now`."""
         self._check_running()
         return self.backing.acquire_now(obj)
+
+    def expect(self, objs: list[ObjectRef]) -> None:
+        """See :meth:`airfs.core.readpath.ReadPath.expect`: the block maps of the cached
+        versions among ``objs`` not loaded yet are loaded in the background (in jobs of
+        :data:`EXPECT_BATCH`), so that their first opens are answered inline."""
+        if not self._running:
+            return
+        objects = self._table.objects
+        for ref in objs:
+            obj = objects.get(object_key(ref.path, ref.version))
+            if obj is None or obj.have is not None or obj.loading is not None:
+                continue
+            if obj.size == ref.size and not obj.dead:
+                self._expected.append(obj)
+        if self._expected:
+            self._expect_ev.set()
+
+    async def _load_expected(self) -> None:
+        while True:
+            await self._expect_ev.wait()
+            self._expect_ev = trio.Event()
+            todo, self._expected = self._expected, []
+            for i in range(0, len(todo), EXPECT_BATCH):
+                await self._keeper.load_many(todo[i : i + EXPECT_BATCH])
 
     def backing_statistics(self) -> BackingStats:
         """See :meth:`airfs.core.readpath.ReadPath.backing_statistics`."""

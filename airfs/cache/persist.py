@@ -158,6 +158,26 @@ class IndexKeeper:
             self._batch = None
             await self._load_batch(batch, done)
 
+    async def load_many(self, objs: list[CachedObject]) -> None:
+        """Load the block maps of those of ``objs`` not loaded or being loaded, in one job
+        (after the one in flight): what :meth:`ensure_loaded` would do for each, ahead of
+        their opens."""
+        batch = [o for o in objs if o.have is None and o.loading is None]
+        if not batch:
+            return
+        done = trio.Event()
+        for o in batch:
+            o.loading = done
+        try:
+            while self._job_done is not None:
+                await self._job_done.wait()
+        except BaseException:  # cancelled before its job: each is loaded when used
+            for o in batch:
+                o.loading = None
+            done.set()
+            raise
+        await self._load_batch(batch, done)
+
     async def _load_batch(self, batch: list[CachedObject], done: trio.Event) -> None:
         job_done = self._job_done = trio.Event()
         got: list[tuple[bytes | None, bool]] = [(None, False)] * len(batch)

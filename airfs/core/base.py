@@ -44,7 +44,7 @@ from .handles import DirHandle, Handle, err
 from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
 from .passthrough import Passthrough
-from .readpath import ObjectRef, ReadPath
+from .readpath import ObjectRef, ReadPath, files_listed
 
 log = logging.getLogger(__name__)
 
@@ -399,6 +399,7 @@ class Core:
                 return None
             self.listings.relists += 1
             listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
+            self.readpath.expect(files_listed(dir_path, entries))
             return listing if self.listings.kept(dir_path, listing) else None
         finally:
             del self.relisting[dir_path]

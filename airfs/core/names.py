@@ -25,7 +25,7 @@ from .context import current_caller
 from .files import Files
 from .handles import DirEntry, DirHandle, Emit, err
 from .inodes import Node
-from .readpath import ObjectRef
+from .readpath import ObjectRef, files_listed
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ class Names:
             if self.core.immutable:  # what is known of a name is kept (until `airfs refresh`)
                 listed = [self.known(path, e) for e in listed]
             self.core.listings.put(path, listed, t0, time.monotonic() - t0)
+            self.core.readpath.expect(files_listed(path, listed))
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None

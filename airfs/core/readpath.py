@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Entry, Kind, join
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +149,12 @@ class ReadPath(Protocol):
         cache)."""
         ...
 
+    def expect(self, objs: list[ObjectRef]) -> None:
+        """``objs`` are likely to be opened soon (their directory was just listed): prepare
+        in the background what :meth:`local_file_now` needs to answer them inline (a cache:
+        the block maps of those it holds). A hint: never blocks, fetches nothing."""
+        ...
+
     def discard(self, path: str, keep: str | None = None) -> int:
         """The origin no longer has the versions of ``path`` other than ``keep`` (None: the
         path itself is gone: deleted or renamed away). A cache forgets them — what nobody
@@ -219,5 +226,24 @@ class DirectReadPath:
     def backing_statistics(self) -> BackingStats | None:
         return None
 
+    def expect(self, objs: list[ObjectRef]) -> None:
+        pass
+
     async def aclose(self) -> None:
         pass
+
+
+#: the most files of one listing whose opens :meth:`ReadPath.expect` prepares
+EXPECT_MAX = 4096
+
+
+def files_listed(dir_path: str, entries: list[Entry]) -> list[ObjectRef]:
+    """The file versions of a listing of ``dir_path`` (at most :data:`EXPECT_MAX`), as
+    :meth:`ReadPath.expect` takes them."""
+    out: list[ObjectRef] = []
+    for e in entries:
+        if e.kind is Kind.FILE:
+            out.append(ObjectRef(join(dir_path, e.name), e.version, e.size))
+            if len(out) >= EXPECT_MAX:
+                break
+    return out

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -23,6 +25,7 @@ from airfs.origin.posix import PosixOrigin
 from airfs.testing.memory import MemoryOrigin
 
 N = 48
+T = TypeVar("T")
 
 
 class Denying(MemoryOrigin):
@@ -113,3 +116,54 @@ async def test_a_lone_stat_is_one_job() -> None:
     with pytest.raises(NotFound):
         await a.stat_joined("g")
     assert a.joined_jobs == 2
+
+
+async def test_a_listed_directory_of_cached_files_opens_inline_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """Listing a directory hints the cache (``ReadPath.expect``): the block maps of its
+    cached files load in the background, and their first opens after a restart are answered
+    inline (the fast open: no lock, no thread) instead of each waiting for its map."""
+    d = tmp_path / "origin"
+    (d / "imgs").mkdir(parents=True)
+    for i in range(N):
+        (d / "imgs" / f"{i:03d}").write_bytes(bytes([i]) * 999)
+    origin = PosixOrigin(str(d))
+
+    async def cached(o: AsyncOrigin, nursery: trio.Nursery) -> ReadPath:
+        return await CachedReadPath.create(nursery, o, str(tmp_path / "blocks"), cache_size=1 << 30)
+
+    try:
+        args = dict(ttl=60.0, staging_size=1 << 30, readpath=cached)
+        async with build(origin, str(tmp_path / "cache"), **args) as b:  # fill the cache
+            imgs = (await b.fs.lookup(ROOT_INO, "imgs")).ino
+            for i in range(N):
+                fh, _ = await b.fs.open((await b.fs.lookup(imgs, f"{i:03d}")).ino, os.O_RDONLY)
+                # as the kernel transport does: the cache file verified for passthrough
+                assert await b.fs.passthrough_source(fh) is not None
+                await b.fs.release(fh)
+        async with build(origin, str(tmp_path / "cache"), **args) as b:  # the restart
+            imgs = (await b.fs.lookup(ROOT_INO, "imgs")).ino
+            b.fs.releasedir(await b.fs.opendir(imgs))  # a listing (os.listdir, a DataLoader)
+            with trio.fail_after(10):
+                while b.readpath.statistics().index_map_loads == 0:
+                    await trio.sleep(0.01)
+                await trio.sleep(0.05)
+            for i in range(N):
+                ino = (await b.fs.lookup(imgs, f"{i:03d}")).ino
+                fh, _ = inline(b.fs.open(ino, os.O_RDONLY))
+                assert await b.fs.read(fh, 0, 4096) == bytes([i]) * 999
+                await b.fs.release(fh)
+            assert b.readpath.statistics().index_map_loads == 1  # all in one job
+    finally:
+        origin.close()
+
+
+def inline(coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` to its end on the spot; fail if it yields to trio (it would wait)."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return done.value  # type: ignore[no-any-return]
+    coro.close()
+    pytest.fail("the call waited (yielded to trio)")
