@@ -161,9 +161,11 @@ async def serve(
     except OriginError as exc:
         raise MountError(f"origin {sync_origin.url}: {exc.strerror or exc}") from None
     finally:
-        save_known(sync_origin, cfg.cache_dir)
         sync_origin.close()
         os.close(lock_fd)
+        # after the lock: a daemon taking over waits for the lock, not for this file (it
+        # loaded the last one saved already; the write replaces the file atomically)
+        save_known(sync_origin, cfg.cache_dir)
         log.info("daemon exits with code %d", code)
     return code
 
