@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
 
 import pytest
 import trio
@@ -22,10 +20,10 @@ from airfs.daemon.build import build
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, NotFound, PermissionDenied
 from airfs.origin.posix import PosixOrigin
+from airfs.testing.inline import inline
 from airfs.testing.memory import MemoryOrigin
 
 N = 48
-T = TypeVar("T")
 
 
 class Denying(MemoryOrigin):
@@ -157,13 +155,3 @@ async def test_a_listed_directory_of_cached_files_opens_inline_after_a_restart(
             assert b.readpath.statistics().index_map_loads == 1  # all in one job
     finally:
         origin.close()
-
-
-def inline(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end on the spot; fail if it yields to trio (it would wait)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    pytest.fail("the call waited (yielded to trio)")

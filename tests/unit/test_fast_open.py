@@ -6,12 +6,10 @@ older than the TTL allows is never served that way. Over a POSIX origin (one tha
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, TypeVar
 
-import pytest
 import trio
 
 from airfs.cache import CachedReadPath
@@ -20,9 +18,9 @@ from airfs.core.readpath import ReadPath
 from airfs.daemon.build import Built, build
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.posix import PosixOrigin
+from airfs.testing.inline import inline
 
 R = os.O_RDONLY
-T = TypeVar("T")
 
 
 @asynccontextmanager
@@ -41,16 +39,6 @@ async def core(tmp_path: Path, ttl: float) -> AsyncIterator[tuple[Built, Path]]:
             yield b, d
     finally:
         origin.close()
-
-
-def inline(coro: Coroutine[Any, Any, T]) -> T:
-    """Run ``coro`` to its end on the spot; fail if it yields to trio (it would wait)."""
-    try:
-        coro.send(None)
-    except StopIteration as done:
-        return done.value  # type: ignore[no-any-return]
-    coro.close()
-    pytest.fail("the call waited (yielded to trio)")
 
 
 def pins(b: Built) -> int:
