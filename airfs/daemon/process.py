@@ -21,6 +21,7 @@ import resource
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -43,7 +44,15 @@ from .config import prepare_cache_dir as prepare_cache_dir
 from .control import Daemon
 from .holder import RETIRED, Link
 from .origins import keep_known, load_known, make_readpath, open_origin, posix_of, save_known
-from .takeover import lock_cache_dir, mount_or_take_over, paths_open_for_writing
+from .takeover import (
+    lock_cache_dir,
+    mount_or_take_over,
+    paths_open_for_writing,
+    saved_state,
+)
+
+if TYPE_CHECKING:
+    from airfs.fuse.kernel.takeover import KernelState, TakeoverRefused
 
 log = logging.getLogger("airfs")
 
@@ -137,6 +146,8 @@ async def serve(
             link.send("WAITING")  # ready to take over: the holder retires the old daemon now
         lock_fd = lock_cache_dir(cfg.cache_dir, 60.0 if takeover is not None else 0.0)
     code = 1
+    # a take-over reads what the previous daemon recorded once, after the lock (it is done)
+    saved = saved_state(cfg.cache_dir) if takeover else None
     try:
         async with build(
             sync_origin,
@@ -149,13 +160,13 @@ async def serve(
             allow_devices=cfg.allow_devices,
             readpath=functools.partial(make_readpath, cfg),
             rebuild_journal=cfg.rebuild_journal,
-            keep_open=paths_open_for_writing(cfg.cache_dir) if takeover else frozenset(),
+            keep_open=paths_open_for_writing(saved) if saved is not None else frozenset(),
             journal_hint=f"airfs mount --rebuild-journal --cache-dir {cfg.cache_dir} ...",
             remove_temporaries=posix.remove_temporaries if posix is not None else None,
         ) as built:
             if built.recovery.replayed:
                 log.info("journal replay: %d closed file(s) to commit", built.recovery.replayed)
-            code = await _serve(cfg, built, ready, link, takeover, overlay_fd)
+            code = await _serve(cfg, built, ready, link, takeover, overlay_fd, saved)
     except JournalDamaged as exc:
         raise MountError(str(exc)) from None
     except OriginError as exc:
@@ -177,10 +188,12 @@ async def _serve(
     link: Link | None,
     takeover: list[int] | None,
     overlay_fd: int | None,
+    saved: KernelState | TakeoverRefused | None = None,
 ) -> int:
     """Transport, control socket and metrics, then the mount and its tasks (see :func:`serve`).
     With a holder ``link`` the kernel's state is recorded as it changes; ``takeover``: the
-    descriptors of a live connection to serve instead of mounting."""
+    descriptors of a live connection to serve instead of mounting (``saved``: what its
+    previous daemon recorded)."""
     prefetcher = BackgroundPrefetch(built.origin, built.readpath, resolve=built.fs.origin_entry)
     initialized = trio.Event()
     fsname = (built.origin.url or "airfs").replace(",", "_").replace(" ", "_")
@@ -213,7 +226,7 @@ async def _serve(
     except ValueError as exc:
         raise MountError(str(exc)) from None
     retired = False
-    if await mount_or_take_over(cfg, transport, link, takeover, overlay_fd):
+    if await mount_or_take_over(cfg, transport, link, takeover, overlay_fd, saved):
         initialized.set()  # INIT was the old daemon's
     # commits may start at the files held open for writing; the versions open for writing
     # that recovery adopted and no handle reopened are kept in recovered/ (each logged)

@@ -11,7 +11,7 @@ import math
 import os
 import time
 
-from airfs.fuse.kernel.takeover import TakeoverRefused
+from airfs.fuse.kernel.takeover import KernelState, TakeoverRefused
 from airfs.fuse.transport import KernelTransport, Transport, TransportError
 
 from .config import MountConfig, MountError
@@ -42,19 +42,26 @@ def lock_cache_dir(cache_dir: str, wait: float) -> int:
             time.sleep(0.002)
 
 
-def paths_open_for_writing(cache_dir: str) -> frozenset[str]:
-    """The paths of the files the kernel holds open for writing on the connection the
-    previous daemon recorded (empty when its state cannot be read: the take-over will be
-    refused anyway). Their staged versions are adopted by recovery, not set aside."""
+def saved_state(cache_dir: str) -> KernelState | TakeoverRefused:
+    """What the previous daemon of a live connection recorded, read once for the whole
+    take-over (recovery, then the transport), or why it cannot be used."""
     from airfs.fuse.kernel.handover import read_state
 
     try:
-        state = read_state(cache_dir)
-    except TakeoverRefused:
+        return read_state(cache_dir)
+    except TakeoverRefused as exc:
+        return exc
+
+
+def paths_open_for_writing(saved: KernelState | TakeoverRefused) -> frozenset[str]:
+    """The paths of the files the kernel holds open for writing on the connection
+    (none when its state cannot be used: the take-over will be refused). Their staged
+    versions are adopted by recovery, not set aside."""
+    if isinstance(saved, TakeoverRefused):
         return frozenset()
     paths = set()
-    for f in state.files.values():
-        node = state.nodes.get(f.ino)
+    for f in saved.files.values():
+        node = saved.nodes.get(f.ino)
         if f.flags & os.O_ACCMODE != os.O_RDONLY and node is not None and node.path:
             paths.add(node.path)
     return frozenset(paths)
@@ -66,6 +73,7 @@ async def mount_or_take_over(
     link: Link | None,
     takeover: list[int] | None,
     overlay_fd: int | None,
+    saved: KernelState | TakeoverRefused | None = None,
 ) -> bool:
     """Start serving: take over the live connection ``takeover`` names (its /dev/fuse
     descriptor first), else mount; a fresh mount's descriptors go to the holder. True when
@@ -74,7 +82,7 @@ async def mount_or_take_over(
         assert isinstance(transport, KernelTransport) and link is not None
         t0 = time.monotonic()
         try:
-            took = await transport.take_over(takeover[0], cfg.mountpoint, cfg.cache_dir)
+            took = await transport.take_over(takeover[0], cfg.mountpoint, cfg.cache_dir, saved)
         except TakeoverRefused as exc:
             log.warning("cannot take over the mount: %s; clearing it and mounting again", exc)
             # the kernel's handles are lost, the journal is not

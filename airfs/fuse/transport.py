@@ -22,7 +22,7 @@ from airfs.fuse import TRANSPORTS
 if TYPE_CHECKING:
     from airfs.fuse.kernel.handover import TakenOver
     from airfs.fuse.kernel.session import SessionStats
-    from airfs.fuse.kernel.takeover import StateLog
+    from airfs.fuse.kernel.takeover import KernelState, StateLog, TakeoverRefused
 
 __all__ = [
     "TRANSPORTS",
@@ -199,15 +199,24 @@ class KernelTransport:
         self.mountpoint = mountpoint
         self.session = self._session_on(self.fd)
 
-    async def take_over(self, fd: int, mountpoint: str, cache_dir: str) -> TakenOver:
+    async def take_over(
+        self,
+        fd: int,
+        mountpoint: str,
+        cache_dir: str,
+        saved: KernelState | TakeoverRefused | None = None,
+    ) -> TakenOver:
         """Serve the live connection ``fd`` (mounted on ``mountpoint``) that a previous
-        daemon served, from the state it left in ``cache_dir``; instead of :meth:`mount`.
-        Raises :class:`~airfs.fuse.kernel.takeover.TakeoverRefused` (one line) when it
-        cannot: the caller then clears the mount and mounts again."""
+        daemon served, from the state it left in ``cache_dir`` (``saved``: that state, or
+        why it cannot be used, read already); instead of :meth:`mount`. Raises
+        :class:`~airfs.fuse.kernel.takeover.TakeoverRefused` (one line) when it cannot: the
+        caller then clears the mount and mounts again."""
         from airfs.fuse.kernel.handover import read_state, take_over
-        from airfs.fuse.kernel.takeover import StateLog
+        from airfs.fuse.kernel.takeover import StateLog, TakeoverRefused
 
-        state = read_state(cache_dir)
+        if isinstance(saved, TakeoverRefused):
+            raise saved
+        state = read_state(cache_dir) if saved is None else saved
         if self.state is None:
             self.state = StateLog(cache_dir)
             self._session_on.keywords["state"] = self.state
