@@ -376,6 +376,16 @@ class Core:
         costs (``name_s``, which :meth:`ListingCache.worth_relisting` weighs)."""
         self.name_s = 0.8 * self.name_s + 0.2 * (time.monotonic() - t0) / max(1, names)
 
+    def put_listing(self, dir_path: str, entries: list[Entry], t0: float) -> Listing:
+        """Keep a listing of ``dir_path`` fetched from ``t0``; the first one this daemon
+        has of it names the read path the files likely to be opened next
+        (:meth:`~airfs.core.readpath.ReadPath.expect`)."""
+        first = self.listings.latest(dir_path) is None
+        listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
+        if first:
+            self.readpath.expect(files_listed(dir_path, entries))
+        return listing
+
     async def relist(self, dir_path: str, since: float) -> Listing | None:
         """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
         that finds one in flight waits for it). The listing is returned to a caller that
@@ -398,8 +408,7 @@ class Core:
                 self.listings.drop(dir_path)
                 return None
             self.listings.relists += 1
-            listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
-            self.readpath.expect(files_listed(dir_path, entries))
+            listing = self.put_listing(dir_path, entries, t0)
             return listing if self.listings.kept(dir_path, listing) else None
         finally:
             del self.relisting[dir_path]

@@ -25,7 +25,7 @@ from .context import current_caller
 from .files import Files
 from .handles import DirEntry, DirHandle, Emit, err
 from .inodes import Node
-from .readpath import ObjectRef, files_listed
+from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
 
@@ -60,8 +60,7 @@ class Names:
             listed = await self.core.origin.list(path)
             if self.core.immutable:  # what is known of a name is kept (until `airfs refresh`)
                 listed = [self.known(path, e) for e in listed]
-            self.core.listings.put(path, listed, t0, time.monotonic() - t0)
-            self.core.readpath.expect(files_listed(path, listed))
+            self.core.put_listing(path, listed, t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
             assert st.path is not None
