@@ -83,7 +83,7 @@ async def keep_known(origin: Origin, cache_dir: str, interval: float = 120.0) ->
     saved = -1
     while True:
         await trio.sleep(interval)
-        now = len(s3.client.known)
+        now = s3.client.known.changes
         if now != saved:
             await trio.to_thread.run_sync(save_known, origin, cache_dir)
             saved = now

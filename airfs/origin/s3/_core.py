@@ -44,6 +44,8 @@ class KnownAttrs:
         self.limit = limit
         self._known: OrderedDict[str, tuple[tuple[str, int], Meta, int]] = OrderedDict()
         self._lock = threading.Lock()
+        #: changes so far (what was remembered or forgotten): a saver saves when it moved
+        self.changes = 0
 
     def __len__(self) -> int:
         return len(self._known)
@@ -55,6 +57,7 @@ class KnownAttrs:
 
     def remember(self, path: str, token: tuple[str, int], attrs: Meta) -> None:
         with self._lock:
+            self.changes += 1
             self._known[path] = (token, attrs, time.time_ns())
             self._known.move_to_end(path)
             while len(self._known) > self.limit:
@@ -63,6 +66,7 @@ class KnownAttrs:
     def forget(self, path: str) -> None:
         """``path`` is gone (deleted, renamed away): its remembered attributes go too."""
         with self._lock:
+            self.changes += 1
             self._known.pop(path, None)
 
     def dump(self, file: str, origin: str, most: int = KNOWN_SAVED_MAX) -> int:
