@@ -42,6 +42,7 @@ from .attrs import Attr, Owner, allocated_blocks, attr_of, attr_of_entry
 from .context import Guard, current_caller
 from .handles import DirHandle, Handle, err
 from .inodes import InodeTable, Node
+from .kernelcache import KernelCache
 from .listings import Listing, ListingCache
 from .passthrough import Passthrough
 from .readpath import ObjectRef, ReadPath, files_listed
@@ -148,6 +149,8 @@ class Core:
         #: the one owner of which staged version each open handle uses
         self.opens = Opens(area)
         self.passthrough = Passthrough(area, self.opens, readpath, self.inodes)
+        #: what the kernel may keep past the TTL (leases, checks, invalidations)
+        self.kernel = KernelCache(self)
 
     # -- helpers ---------------------------------------------------------------------------
 
@@ -260,6 +263,7 @@ class Core:
         use (see :meth:`~airfs.core.fs.Filesystem.refresh`)."""
         prefix = f"{path}/" if path else ""
         names = 0
+        self.kernel.forgot(path)
         for node in self.inodes.nodes():
             p = node.path
             if p is not None and (p == path or p.startswith(prefix)) and node.fetched > 0.0:

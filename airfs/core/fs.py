@@ -90,6 +90,7 @@ class Filesystem:
         self.origin, self.readpath, self.area, self.guard = c.origin, c.readpath, c.area, c.guard
         self.inodes, self.handles, self.dirs, self.opens = c.inodes, c.handles, c.dirs, c.opens
         self.listings, self.passthrough, self.owner = c.listings, c.passthrough, c.owner
+        self.kernel = c.kernel
         self.ops, self.latency, self.ttl = c.ops, c.latency, c.ttl
         self.per_caller, self.origin_entry = c.per_caller, c.origin_entry
         self.committed, self.commit_now = c.committed, c.commit_now
@@ -328,6 +329,7 @@ class Filesystem:
             relists=ls.relists,
             ahead_hits=self.core.listings.ahead_hits,
             fast_opens=self.core.fast_opens,
+            kernel=self.core.kernel.statistics(),
             ops=dict(self.core.ops),
             latency=self.core.latency.snapshot(),
         )

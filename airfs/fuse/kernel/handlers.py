@@ -62,6 +62,8 @@ class Handlers:
         self.negative_ttl = negative_ttl
         self.minor = minor
         self.backing = backing
+        #: how long the kernel may keep an inode's entry and attributes (a lease or the TTL)
+        self.keep = fs.kernel.keep
         #: directory inode -> signature of the listing the kernel may hold in its cache
         self._dir_sigs: dict[int, int] = {}
         #: directory opens that let the kernel keep its cached listing
@@ -102,15 +104,13 @@ class Handlers:
         }
 
     def _attr_ttl(self, a: Attr) -> float:
-        return attr_timeout(a, self.ttl)
-
-    def _entry_ttl(self, a: Attr) -> float:
-        return entry_timeout(self.fs, a, self.ttl)
+        return attr_timeout(a, self.keep(a.ino))
 
     def _entry(self, a: Attr) -> bytes:
         if self.state is not None:
             self.state.looked_up(a.ino)
-        return proto.entry_out(a, self._entry_ttl(a), self._attr_ttl(a))
+        keep = self.keep(a.ino)
+        return proto.entry_out(a, entry_timeout(self.fs, a, keep), attr_timeout(a, keep))
 
     # -- handlers (unpack, call the core, pack) ------------------------------------------------
 
@@ -350,11 +350,13 @@ class Handlers:
         def emit(nm: str, attr: Attr, next_id: int) -> bool:
             nonlocal used
             b = os.fsencode(nm)
-            rec = (
-                proto.direntplus(attr, next_id, b, self._entry_ttl(attr), self._attr_ttl(attr))
-                if plus
-                else proto.dirent(attr.ino, next_id, b, attr.mode)
-            )
+            if plus:
+                keep = self.keep(attr.ino)
+                rec = proto.direntplus(
+                    attr, next_id, b, entry_timeout(self.fs, attr, keep), attr_timeout(attr, keep)
+                )
+            else:
+                rec = proto.dirent(attr.ino, next_id, b, attr.mode)
             if used + len(rec) > size:
                 return False
             parts.append(rec)

@@ -41,6 +41,7 @@ from . import proto
 from .handlers import NO_REPLY, Handler, Handlers, Payload
 from .interrupts import caller_dying
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
+from .notify import Notifier
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
 from .takeover import COMPACT_BYTES, StateLog
@@ -167,6 +168,8 @@ class Session:
         #: made at INIT (:meth:`_init`)
         self.handlers: Handlers | None = None
         self._handlers: dict[int, Handler] = {}
+        #: writes the core's invalidations (made with the handlers)
+        self.notifier: Notifier | None = None
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -195,6 +198,14 @@ class Session:
                 nursery.cancel_scope.cancel()
         finally:
             self._nursery = None
+            self._detach()
+
+    def _detach(self) -> None:
+        """The core stops giving leases; the notifier thread ends."""
+        if self.notifier is not None:
+            self.fs.kernel.attach(None)
+            self.notifier.close()
+            self.notifier = None
 
     def stop(self) -> None:
         """Stop serving (outstanding requests are cancelled; the caller unmounts)."""
@@ -216,6 +227,7 @@ class Session:
         to be answered; returns how many were left unanswered (the next daemon asks the
         kernel to send them again). The state log is written out."""
         self._retiring = True
+        self._detach()
         with trio.move_on_after(grace):
             while self._scopes:
                 await trio.sleep(0.005)
@@ -233,6 +245,12 @@ class Session:
             state=self.state,
         )
         self._handlers = self.handlers.table()
+        if self.notifier is None:
+            self.notifier = Notifier(self.notify)
+            # a daemon taking over a restartable mount would not know which directories
+            # the kernel was told to keep past the TTL: there, leases only where nothing
+            # is checked (--immutable)
+            self.fs.kernel.attach(self.notifier, leases=self.state is None)
 
     def _read_ready(self) -> list[bytes]:
         batch: list[bytes] = []
