@@ -15,22 +15,23 @@ checks instead of by the kernel's clock. The rules:
 * **Which directories** (a *watch*): one with a listing kept and fresh, fetched in less than
   ``WATCH_MAX_TOOK`` of the TTL, of at most ``WATCH_MAX_ENTRIES`` names; at most ``WATCH_DIRS``
   at once (beyond, plain TTL timeouts). A listing is one request per page (S3) or one
-  ``scandir`` (POSIX), so a check costs what revalidating the directory costs anyway once per
-  TTL while a job uses it; at most ``WATCH_NAMES`` names in all the watched directories (the
-  origin is listed for at most that many names per TTL).
+  ``scandir`` (POSIX); at most ``WATCH_NAMES`` names in all the watched directories.
 * **A lease.** A reply about a name in a watched directory lets the kernel keep it for the
   directory's lease: ``LEASE_MIN_TTLS`` TTLs at first, doubled (up to ``LEASE_MAX`` seconds)
   each time the kernel comes back to the directory within a lease of the last one ending (a
-  directory a job keeps using). While a lease runs, the directory is listed again every TTL
-  (less a margin: three times its last fetch, at least ``MARGIN`` of the TTL). A name that
+  directory a job keeps using). While a lease runs, the directory is listed again so that each
+  check is done ``MARGIN`` of the TTL before the previous one is a TTL old; a check is given
+  2.5 times the directory's last listing time, within ``CHECK_BUDGET`` of the TTL (so with
+  the defaults a directory is listed every 0.2-0.6 TTL: about twice what revalidating it
+  costs while a job asks its names after each TTL, and nothing per name). A name that
   changed, appeared or went away since is invalidated (entry, attributes and cached pages) and
   asked of the origin again at its next use; every other node counts as checked at the
   listing's start, so the daemon answers it without asking too. A directory that nobody uses
   costs at most one lease of checks after its last use.
 * **A late check drops the lease.** A check that has not completed one TTL (less ``MARGIN``)
-  after the previous one started (a slow or failing origin) drops what the kernel may keep in
-  the directory (every name the kernel holds is invalidated) and ends the watch: the kernel
-  asks again, as with plain timeouts.
+  after the previous one started (a slow or failing origin, a loaded machine) drops what the
+  kernel may keep in the directory (every name the kernel holds is invalidated) and ends the
+  watch (until a listing of it is fast again): the kernel asks again, as with plain timeouts.
 * **What gets a lease**: a name whose node was checked at or after its directory's last check.
   Not a name with a staged version (its attributes change with every write: the kernel learns
   them from the replies), not a file with several names, not a governed level (the policy
@@ -63,20 +64,24 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: a directory is watched only if its listing took less than this fraction of the TTL
-WATCH_MAX_TOOK = 0.25
+WATCH_MAX_TOOK = 0.35
 #: ... and holds at most this many names
 WATCH_MAX_ENTRIES = 20_000
 #: directories watched at once
-WATCH_DIRS = 256
+WATCH_DIRS = 64
 #: names in the directories watched at once (their listings are fetched once per TTL)
 WATCH_NAMES = 100_000
 #: the first lease of a directory, in TTLs
 LEASE_MIN_TTLS = 4
 #: the longest lease (seconds; never less than the TTL)
 LEASE_MAX = 60.0
-#: a check starts at least this fraction of the TTL before the previous one is a TTL old,
-#: and one not done by then (less this fraction) drops the lease
-MARGIN = 0.15
+#: a check must be done this fraction of the TTL before the previous one is a TTL old (the
+#: notifications' way to the kernel), or the lease is dropped
+MARGIN = 0.1
+#: the time a check is given: 2.5 times the directory's last listing, at least the first and
+#: at most the second fraction of the TTL (checks start that much before they must be done:
+#: with the defaults, every 0.2-0.6 TTL)
+CHECK_BUDGET = (0.3, 0.7)
 #: checks in flight at once
 POLLS_MAX = 8
 #: how long the kernel keeps a name of an immutable mount (seconds)
@@ -218,6 +223,8 @@ class KernelCache:
             return None
         if w is None:
             w = self._dirs[parent] = Watch(listing.at, self.lease_min, now, active=False)
+        elif w.polling:
+            return None  # its last check is still out (a dropped one, if it was late)
         else:  # used again: a longer lease if soon after the last one ended
             soon = now < w.until + w.lease
             w.lease = min(2 * w.lease, self.lease_max) if soon else self.lease_min
@@ -285,13 +292,14 @@ class KernelCache:
             deadline = w.backed + self.ttl - margin
             if w.polling:
                 if now >= deadline:
-                    self._drop(path, w, "its check is late")
+                    self._drop(path, w, "its check is late", now)
                 else:
                     wait = min(wait, deadline - now)
                 continue
             listing = self.core.listings.latest(path)
             took = listing.took if listing is not None else 0.0
-            due = w.backed + self.ttl - max(3 * took, margin) - margin
+            low, high = CHECK_BUDGET
+            due = deadline - min(max(2.5 * took, low * self.ttl), high * self.ttl)
             if now >= due:
                 w.polling = True
                 nursery.start_soon(self._check, path, w, w.gen, limit)
@@ -313,7 +321,7 @@ class KernelCache:
             if w.gen != gen or self._dirs.get(path) is not w:
                 return  # dropped while it ran
             if listing is None:
-                self._drop(path, w, "its check failed")
+                self._drop(path, w, "its check failed", time.monotonic())
                 return
             self._compare(path, listing)
             w.backed = max(w.backed, listing.at)
@@ -348,11 +356,13 @@ class KernelCache:
                 inv.inode(node.ino, pages=True)
                 self.changed += 1
 
-    def _drop(self, path: str, w: Watch, why: str) -> None:
+    def _drop(self, path: str, w: Watch, why: str, now: float) -> None:
+        """End ``w``'s lease before its time: the kernel asks again. The directory is
+        watched again once its check is back, if that listing was fast enough."""
         log.info("%s: the kernel's entries are dropped: %s", path, why)
         self.dropped += 1
-        self._dirs.pop(path, None)
         self._end(path, w)
+        w.until = now
 
     def _deactivate(self, w: Watch) -> None:
         w.active = False
