@@ -12,22 +12,24 @@ directory itself, at least once per TTL, and drops what the kernel keeps
 never on the loop) as soon as a check finds a change: the same contract, kept by the daemon's
 checks instead of by the kernel's clock. The rules:
 
-* **Which directories** (a *watch*): one with a listing kept and fresh, fetched in less than
-  ``WATCH_MAX_TOOK`` of the TTL, of at most ``WATCH_MAX_ENTRIES`` names; at most ``WATCH_DIRS``
-  at once (beyond, plain TTL timeouts). A listing is one request per page (S3) or one
-  ``scandir`` (POSIX); at most ``WATCH_NAMES`` names in all the watched directories.
+* **Which directories** (a *watch*): one the kernel comes back to after the TTL (its first
+  use is noted, no lease: a walk that passes through a directory once costs nothing), with a
+  listing kept and fresh, fetched in less than ``WATCH_MAX_TOOK`` of the TTL, of at most
+  ``WATCH_MAX_ENTRIES`` names; at most ``WATCH_DIRS`` at once and ``WATCH_NAMES`` names in
+  all (beyond, plain TTL timeouts). A listing is one request per page (S3) or one
+  ``scandir`` (POSIX).
 * **A lease.** A reply about a name in a watched directory lets the kernel keep it for the
   directory's lease: ``LEASE_MIN_TTLS`` TTLs at first, doubled (up to ``LEASE_MAX`` seconds)
-  each time the kernel comes back to the directory within a lease of the last one ending (a
-  directory a job keeps using). While a lease runs, the directory is listed again so that each
-  check is done ``MARGIN`` of the TTL before the previous one is a TTL old; a check is given
-  2.5 times the directory's last listing time, within ``CHECK_BUDGET`` of the TTL (so with
-  the defaults a directory is listed every 0.2-0.6 TTL: about twice what revalidating it
-  costs while a job asks its names after each TTL, and nothing per name). A name that
-  changed, appeared or went away since is invalidated (entry, attributes and cached pages) and
-  asked of the origin again at its next use; every other node counts as checked at the
-  listing's start, so the daemon answers it without asking too. A directory that nobody uses
-  costs at most one lease of checks after its last use.
+  each time the kernel comes back to the directory within ``RETURN_LEASES`` leases of the
+  last one ending (a directory a job keeps using). While a lease runs, the directory is
+  listed again so that each check is done ``MARGIN`` of the TTL before the previous one is a
+  TTL old; a check is given 2.5 times the directory's last listing time, within
+  ``CHECK_BUDGET`` of the TTL (so with the defaults a directory is listed every 0.2-0.6 TTL:
+  about twice what revalidating it costs while a job asks its names after each TTL, and
+  nothing per name). A name that changed, appeared or went away since is invalidated (entry,
+  attributes and cached pages) and asked of the origin again at its next use; every other
+  node counts as checked at the listing's start, so the daemon answers it without asking
+  too. A directory that nobody uses costs at most one lease of checks after its last use.
 * **A late check drops the lease.** A check that has not completed one TTL (less ``MARGIN``)
   after the previous one started (a slow or failing origin, a loaded machine) drops what the
   kernel may keep in the directory (every name the kernel holds is invalidated) and ends the
@@ -47,6 +49,7 @@ would not know what the kernel was told to keep) every timeout is the TTL, as be
 
 from __future__ import annotations
 
+import collections
 import logging
 import time
 from dataclasses import dataclass
@@ -72,7 +75,12 @@ WATCH_DIRS = 64
 #: names in the directories watched at once (their listings are fetched once per TTL)
 WATCH_NAMES = 100_000
 #: the first lease of a directory, in TTLs
-LEASE_MIN_TTLS = 4
+LEASE_MIN_TTLS = 8
+#: a directory the kernel comes back to within this many leases of the last one ending gets
+#: twice that lease
+RETURN_LEASES = 4
+#: directories used once, remembered (to know the kernel came back to one)
+SEEN_MAX = 4096
 #: the longest lease (seconds; never less than the TTL)
 LEASE_MAX = 60.0
 #: a check must be done this fraction of the TTL before the previous one is a TTL old (the
@@ -158,6 +166,8 @@ class KernelCache:
         self._inv: Invalidator | None = None
         self._leases = False
         self._dirs: dict[str, Watch] = {}
+        #: directories used once (a lease is given when the kernel comes back after the TTL)
+        self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._active = self._names = 0
         self._wake = trio.Event()
         self.leases = self.checks = self.changed = self.dropped = self.imm_invalidated = 0
@@ -172,6 +182,7 @@ class KernelCache:
         self._leases = leases and inv is not None
         if inv is None:
             self._dirs.clear()
+            self._seen.clear()
             self._active = self._names = 0
         self._wake.set()
 
@@ -211,6 +222,18 @@ class KernelCache:
         return w.lease
 
     def _watch(self, parent: str, now: float, w: Watch | None) -> Watch | None:
+        """The watch of ``parent`` with a lease starting now, if it may have one."""
+        if w is None:
+            seen = self._seen.get(parent)
+            if seen is None:  # its first use: noted, no lease
+                self._seen[parent] = now
+                if len(self._seen) > SEEN_MAX:
+                    self._seen.popitem(last=False)
+                return None
+            if now < seen + self.ttl:
+                return None  # still the first pass over it
+        elif w.polling:
+            return None  # its last check is still out (a dropped one, if it was late)
         listing = self.core.listings.latest(parent)
         if (
             listing is None
@@ -222,11 +245,10 @@ class KernelCache:
         ):
             return None
         if w is None:
+            del self._seen[parent]
             w = self._dirs[parent] = Watch(listing.at, self.lease_min, now, active=False)
-        elif w.polling:
-            return None  # its last check is still out (a dropped one, if it was late)
         else:  # used again: a longer lease if soon after the last one ended
-            soon = now < w.until + w.lease
+            soon = now < w.until + RETURN_LEASES * w.lease
             w.lease = min(2 * w.lease, self.lease_max) if soon else self.lease_min
             w.backed = max(w.backed, listing.at)
             w.until = now
@@ -286,7 +308,7 @@ class KernelCache:
             if now >= w.until:  # no lease runs: nothing to check
                 if w.active:
                     self._deactivate(w)
-                if now >= w.until + w.lease and not w.polling:
+                if now >= w.until + RETURN_LEASES * w.lease and not w.polling:
                     del self._dirs[path]
                 continue
             deadline = w.backed + self.ttl - margin

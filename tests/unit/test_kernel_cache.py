@@ -80,12 +80,21 @@ async def looked_up(fs: Filesystem, d: int) -> dict[str, int]:
     return {f"f{i}": (await fs.lookup(d, f"f{i}")).ino for i in range(10)}
 
 
+async def used_twice(fs: Filesystem, d: int) -> dict[str, int]:
+    """:func:`looked_up` (the first use: no lease), then again after the TTL (the kernel
+    came back: leases)."""
+    inos = await looked_up(fs, d)
+    assert {fs.kernel.keep(ino) for ino in inos.values()} == {TTL}, "a first use: no lease"
+    await trio.sleep(1.1 * TTL)
+    return await looked_up(fs, d)
+
+
 def test_a_checked_directory_gets_leases_and_a_change_is_invalidated(tmp_path: Path) -> None:
     async def main() -> None:
         async with kernel(tmp_path) as (fs, mem, _w, rec, d):
-            inos = await looked_up(fs, d)
+            inos = await used_twice(fs, d)
             keeps = {fs.kernel.keep(ino) for ino in inos.values()}
-            assert min(keeps) > TTL, f"no lease in a directory just listed: {keeps}"
+            assert min(keeps) > TTL, f"no lease in a directory used again: {keeps}"
             await trio.sleep(2.5 * TTL)  # checks ran; nothing changed: nothing invalidated
             assert fs.kernel.statistics().checks >= 2
             assert rec.sent == []
@@ -106,7 +115,7 @@ def test_a_checked_directory_gets_leases_and_a_change_is_invalidated(tmp_path: P
 def test_a_late_check_drops_what_the_kernel_keeps(tmp_path: Path) -> None:
     async def main() -> None:
         async with kernel(tmp_path) as (fs, _mem, w, rec, d):
-            inos = await looked_up(fs, d)
+            inos = await used_twice(fs, d)
             assert fs.kernel.keep(inos["f0"]) > TTL
             w.delay = 2 * TTL  # the origin becomes slow: the next check is late
             await trio.sleep(2 * TTL)
@@ -122,7 +131,7 @@ def test_a_late_check_drops_what_the_kernel_keeps(tmp_path: Path) -> None:
 def test_a_directory_nobody_uses_stops_being_checked(tmp_path: Path) -> None:
     async def main() -> None:
         async with kernel(tmp_path) as (fs, _mem, w, _rec, d):
-            inos = await looked_up(fs, d)
+            inos = await used_twice(fs, d)
             lease = fs.kernel.keep(inos["f0"])
             assert lease > TTL
             await trio.sleep(lease + 2 * TTL)  # the lease ran out, nobody came back
@@ -138,6 +147,8 @@ def test_without_an_invalidator_the_kernel_keeps_the_ttl(tmp_path: Path) -> None
     async def main() -> None:
         async with kernel(tmp_path) as (fs, _mem, _w, _rec, d):
             fs.kernel.attach(None)
+            inos = await looked_up(fs, d)
+            await trio.sleep(1.1 * TTL)
             inos = await looked_up(fs, d)
             assert {fs.kernel.keep(ino) for ino in inos.values()} == {TTL}
             fs.kernel.attach(_rec, leases=False)  # a restartable mount: no leases
@@ -160,5 +171,20 @@ def test_an_immutable_mount_keeps_names_until_a_refresh_drops_them(tmp_path: Pat
             fs.refresh("d")
             names = {x[2] for x in rec.sent if x[0] == "entry"}
             assert names == {"d", *inos}
+
+    trio.run(main)
+
+
+def test_a_directory_used_once_is_never_checked(tmp_path: Path) -> None:
+    """A walk that passes through a directory once (``find``, ``cp -r``) costs no check."""
+
+    async def main() -> None:
+        async with kernel(tmp_path) as (fs, _mem, w, _rec, d):
+            inos = await looked_up(fs, d)
+            assert {fs.kernel.keep(ino) for ino in inos.values()} == {TTL}
+            lists = w.lists
+            await trio.sleep(3 * TTL)
+            assert w.lists == lists
+            assert fs.kernel.statistics().checks == 0
 
     trio.run(main)
