@@ -20,16 +20,18 @@ checks instead of by the kernel's clock. The rules:
   ``scandir`` (POSIX).
 * **A lease.** A reply about a name in a watched directory lets the kernel keep it for the
   directory's lease: ``LEASE_MIN_TTLS`` TTLs at first, doubled (up to ``LEASE_MAX`` seconds)
-  each time the kernel comes back to the directory within ``RETURN_LEASES`` leases of the
-  last one ending (a directory a job keeps using). While a lease runs, the directory is
-  listed again so that each check is done ``MARGIN`` of the TTL before the previous one is a
-  TTL old; a check is given 2.5 times the directory's last listing time, within
-  ``CHECK_BUDGET`` of the TTL (so with the defaults a directory is listed every 0.2-0.6 TTL:
-  about twice what revalidating it costs while a job asks its names after each TTL, and
+  each time the kernel still asks about names in it a whole lease after the leases of that
+  length began (a directory a job keeps using: the kernel cannot say what it answered by itself,
+  so a lease is never renewed by use, only by the next, longer one); back to the first length
+  when it comes back more than ``RETURN_LEASES`` leases after the last one ended. While a lease
+  runs, the directory is listed again so that each check is done ``MARGIN`` of the TTL before
+  the previous one is a TTL old; a check is given 2.5 times the directory's last listing time,
+  within ``CHECK_BUDGET`` of the TTL (so with the defaults a directory is listed every 0.2-0.6
+  TTL: about twice what revalidating it costs while a job asks its names after each TTL, and
   nothing per name). A name that changed, appeared or went away since is invalidated (entry,
-  attributes and cached pages) and asked of the origin again at its next use; every other
-  node counts as checked at the listing's start, so the daemon answers it without asking
-  too. A directory that nobody uses costs at most one lease of checks after its last use.
+  attributes and cached pages) and asked of the origin again at its next use; every other node
+  counts as checked at the listing's start, so the daemon answers it without asking too. A
+  directory that nobody uses costs at most one lease of checks after its last use.
 * **A late check drops the lease.** A check that has not completed one TTL (less ``MARGIN``)
   after the previous one started (a slow or failing origin, a loaded machine) drops what the
   kernel may keep in the directory (every name the kernel holds is invalidated) and ends the
@@ -126,12 +128,14 @@ class KernelCacheStats:
 class Watch:
     """A watched directory: what the kernel keeps of it was checked at ``backed`` (monotonic:
     when the last check's listing started); a lease runs until ``until``; ``lease`` is the
-    length of the next one; ``gen`` moves when the watch is dropped (a check in flight then
-    counts for nothing)"""
+    length of the next one (given since ``started``); ``gen`` moves when the watch is dropped
+    (a check in flight then counts for nothing)"""
 
     backed: float
     lease: float
     until: float
+    #: when leases of this length began to be given
+    started: float = 0.0
     gen: int = 0
     polling: bool = False
     #: counted among the ``WATCH_DIRS`` (a lease runs, or ran until the last pass)
@@ -215,6 +219,10 @@ class KernelCache:
                 return self.ttl
         if node.fetched < w.backed:
             return self.ttl  # not checked since the directory was: the next check does
+        if now >= w.started + w.lease:
+            # the kernel still asks about names here a whole lease on: it uses the directory
+            w.lease = min(2 * w.lease, self.lease_max)
+            w.started = now
         self.leases += 1
         end = now + w.lease
         if end > w.until:
@@ -246,10 +254,10 @@ class KernelCache:
             return None
         if w is None:
             del self._seen[parent]
-            w = self._dirs[parent] = Watch(listing.at, self.lease_min, now, active=False)
-        else:  # used again: a longer lease if soon after the last one ended
-            soon = now < w.until + RETURN_LEASES * w.lease
-            w.lease = min(2 * w.lease, self.lease_max) if soon else self.lease_min
+            w = self._dirs[parent] = Watch(listing.at, self.lease_min, now, now, active=False)
+        else:  # used again: a longer lease (see keep) unless long after the last one ended
+            if now >= w.until + RETURN_LEASES * w.lease:
+                w.lease, w.started = self.lease_min, now
             w.backed = max(w.backed, listing.at)
             w.until = now
         if not w.active:

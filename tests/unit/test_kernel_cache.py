@@ -188,3 +188,15 @@ def test_a_directory_used_once_is_never_checked(tmp_path: Path) -> None:
             assert fs.kernel.statistics().checks == 0
 
     trio.run(main)
+
+
+def test_a_directory_still_used_a_lease_on_gets_a_longer_one(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with kernel(tmp_path) as (fs, _mem, _w, _rec, d):
+            inos = await used_twice(fs, d)
+            lease = fs.kernel.keep(inos["f0"])
+            await trio.sleep(lease + 0.1)  # the kernel forgot f0 and asks again
+            await fs.lookup(d, "f0")
+            assert fs.kernel.keep(inos["f0"]) == 2 * lease
+
+    trio.run(main)
