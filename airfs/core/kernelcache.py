@@ -55,16 +55,15 @@ import collections
 import logging
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import trio
 
 from airfs.origin.base import Entry, OriginError
+from airfs.writeback.staging import StagingArea
 
-from .listings import Listing
-
-if TYPE_CHECKING:
-    from .base import Core
+from .inodes import InodeTable
+from .listings import Listing, ListingCache
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +107,22 @@ class Invalidator(Protocol):
 
     def inode(self, ino: int, *, pages: bool) -> None:
         """Drop the attributes of ``ino`` (and its cached pages, with ``pages``)."""
+
+
+class Directories(Protocol):
+    """What the kernel cache uses of the core (:class:`~airfs.core.base.Core`)."""
+
+    ttl: float
+    immutable: bool
+    inodes: InodeTable
+    listings: ListingCache
+    area: StagingArea
+
+    def level(self, path: str) -> bool:
+        """``path`` is a governed level (its names are per caller)."""
+
+    async def relist(self, dir_path: str, since: float) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (None: gone, or not kept)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +176,7 @@ def same(a: Entry, b: Entry) -> bool:
 class KernelCache:
     """The watches of one core (see the module's text). Trio loop only."""
 
-    def __init__(self, core: Core) -> None:
+    def __init__(self, core: Directories) -> None:
         self.core = core
         self.ttl = core.ttl
         self.immutable = core.immutable

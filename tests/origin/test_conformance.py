@@ -206,6 +206,27 @@ def test_put_if_match(case: Case, origin: Origin) -> None:
         origin.stat("gone")
 
 
+def test_an_empty_create_only_put_claims_the_name(case: Case, origin: Origin) -> None:
+    """The claim of an ``O_EXCL`` create: an empty put with ``if_match=""`` (the POSIX origin
+    links it in place, without a temporary's ``fsync``): created once, refused after, one
+    name, its entry what ``stat`` says, nothing else left in the directory."""
+    origin.mkdir("d")
+    e = case.put_bytes("d/lock", b"", if_match="")
+    assert (e.kind, e.size, e.nlink) == (Kind.FILE, 0, 1)
+    got = origin.stat("d/lock")
+    assert (got.version, got.size, got.mode, got.nlink) == (e.version, 0, e.mode, 1)
+    with pytest.raises(Conflict):
+        case.put_bytes("d/lock", b"", if_match="")
+    case.put_bytes("d/other", b"x")
+    with pytest.raises(Conflict):
+        case.put_bytes("d/other", b"", if_match="")
+    assert case.read_all("d/other") == b"x"
+    assert names(origin, "d") == {"lock": Kind.FILE, "other": Kind.FILE}
+    # the claimed version is what a commit over it names
+    case.put_bytes("d/lock", b"content", if_match=e.version)
+    assert case.read_all("d/lock") == b"content"
+
+
 def test_put_errors(case: Case, origin: Origin) -> None:
     origin.mkdir("d")
     with pytest.raises(IsADir) as ei:
