@@ -76,6 +76,11 @@ class Publisher:
             if exc.errno == errno.ELOOP:
                 exc = OSError(errno.ENOTDIR, "not a directory (a symbolic link)")
             raise from_oserror(exc, path) from None
+        if if_match == "" and os.stat(source).st_size == 0:
+            try:
+                return self._claim(d, tmp, name, path, mode, mtime_ns, uid, gid)
+            finally:
+                os.close(d)
         try:
             try:
                 flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -124,6 +129,50 @@ class Publisher:
                 raise
         finally:
             os.close(d)
+        return entry_of(name, st)
+
+    def _claim(
+        self,
+        d: int,
+        tmp: str,
+        name: str,
+        path: str,
+        mode: int | None,
+        mtime_ns: int | None,
+        uid: int | None,
+        gid: int | None,
+    ) -> Entry:
+        """An empty file created where nothing is (an ``O_EXCL`` create's claim of its name):
+        the temporary gets its final owner, mode and times and is linked to ``name``, which
+        fails if anything is there (under the directory's lock, so no put of this node checks
+        and renames in between). Nothing to fill, so nothing is ``fsync``ed: a power loss may
+        take the empty name back; the file's commit over it then finds it gone and sets the
+        file aside as a conflict (never lost). A crash (kill -9) loses nothing: the name is
+        in the origin's file system at once."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            dst = os.open(tmp, flags, 0o600, dir_fd=d)
+            try:
+                try:
+                    if mtime_ns is not None:
+                        os.utime(dst, ns=(mtime_ns, mtime_ns))
+                    chown_fd(dst, uid, gid)
+                    os.fchmod(dst, (0o644 if mode is None else mode) & 0o7777)
+                    fcntl.flock(d, fcntl.LOCK_EX)  # released when d is closed
+                    try:
+                        os.link(tmp, name, src_dir_fd=d, dst_dir_fd=d, follow_symlinks=False)
+                    except FileExistsError:
+                        raise Conflict(f"{path}: exists") from None
+                finally:
+                    with contextlib.suppress(OSError):
+                        os.unlink(tmp, dir_fd=d)
+                st = os.fstat(dst)  # one name again: its link count and ctime as stat says
+            finally:
+                os.close(dst)
+        except OSError as exc:
+            if isinstance(exc, OriginError):
+                raise
+            raise from_oserror(exc, path) from None
         return entry_of(name, st)
 
     def remove_temporaries(self, dirs: Iterable[str]) -> tuple[str, ...]:
