@@ -45,8 +45,9 @@ With ``--immutable`` names and versions are trusted until ``airfs refresh`` or t
 the kernel keeps them ``IMMUTABLE_KEEP`` seconds, nothing is checked, and a refresh invalidates
 what it forgot (:meth:`KernelCache.forgot`).
 
-Without an invalidator (the pyfuse3 transport, a ``--restartable`` mount: a daemon taking over
-would not know what the kernel was told to keep) every timeout is the TTL, as before.
+A daemon that takes over a ``--restartable`` mount does not know which leases the previous
+one gave: it drops every name the kernel holds once (:meth:`KernelCache.took_over`), and its
+own leases follow. Without an invalidator (the pyfuse3 transport) every timeout is the TTL.
 """
 
 from __future__ import annotations
@@ -183,7 +184,6 @@ class KernelCache:
         self.lease_min = min(max(LEASE_MIN_TTLS * self.ttl, self.ttl), max(LEASE_MAX, self.ttl))
         self.lease_max = max(LEASE_MAX, self.ttl)
         self._inv: Invalidator | None = None
-        self._leases = False
         self._dirs: dict[str, Watch] = {}
         #: directories used once (a lease is given when the kernel comes back after the TTL)
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
@@ -193,12 +193,10 @@ class KernelCache:
 
     # -- the transport's side --------------------------------------------------------------
 
-    def attach(self, inv: Invalidator | None, *, leases: bool = True) -> None:
+    def attach(self, inv: Invalidator | None) -> None:
         """Start (``inv``) or stop (None) giving leases; stopping drops every watch (the
-        kernel's connection is gone, or about to be handed over). Without ``leases`` only an
-        immutable mount's names are kept past the TTL (nothing is checked)."""
+        kernel's connection is gone, or about to be handed over)."""
         self._inv = inv
-        self._leases = leases and inv is not None
         if inv is None:
             self._dirs.clear()
             self._seen.clear()
@@ -223,8 +221,6 @@ class KernelCache:
             return self.ttl
         if self.immutable:
             return IMMUTABLE_KEEP
-        if not self._leases:
-            return self.ttl
         parent = path.rpartition("/")[0]
         now = time.monotonic()
         w = self._dirs.get(parent)
@@ -282,6 +278,28 @@ class KernelCache:
             self._names += w.names
         self._wake.set()
         return w
+
+    def took_over(self) -> int:
+        """This daemon took over a connection another served: the kernel may keep names
+        past the TTL on leases that daemon gave and this one does not check. Drop every name
+        the kernel holds (entry and attributes; an open decides about pages, as always):
+        it asks again, and this daemon's leases take over. Returns how many."""
+        inv = self._inv
+        if inv is None:
+            return 0
+        inodes = self.core.inodes
+        n = 0
+        for node in inodes.nodes():
+            p = node.path
+            if node.lookups <= 0 or not p:
+                continue
+            parent, _, name = p.rpartition("/")
+            pnode = inodes.at(parent)
+            if pnode is not None:
+                inv.entry(pnode.ino, name)
+            inv.inode(node.ino, pages=False)
+            n += 1
+        return n
 
     # -- changes the core knows of ---------------------------------------------------------
 

@@ -279,3 +279,37 @@ def test_a_file_open_for_writing_is_carried_over(restartable: tuple[Volume, int]
     assert "was open for writing: adopted for the take-over" in log
     assert "not reopened" not in log
     assert log.count("took over the mount in") == 2
+
+
+def test_a_hand_over_drops_the_leases_the_old_daemon_gave(
+    restartable: tuple[Volume, int], tmp_path: Path
+) -> None:
+    """The kernel keeps names past the TTL on the serving daemon's leases (issue 22, item 3);
+    the daemon taking over does not check them, so it drops them: a change made at the
+    origin right after ``airfs restart`` is seen within the TTL."""
+    v, _ = restartable
+    m = v.m
+    v.spec.view.mkdir("e")
+    src = tmp_path / "src.bin"
+    src.write_bytes(b"x")
+    for i in range(20):
+        v.spec.view.put(f"e/f{i:02d}", str(src))
+    e = v.root / "e"
+    names = sorted(os.listdir(e))
+    for _ in range(2):  # the second pass, after the TTL, is on leases
+        for n in names:
+            os.stat(e / n)
+        time.sleep(1.3)
+    assert m.status()["fs"]["kernel_cache"]["leases"] >= len(names)
+    old = m.pid
+    p = subprocess.run(
+        [*airfs_cmd(), "restart", str(m.mountpoint)], capture_output=True, text=True, timeout=120
+    )
+    assert p.returncode == 0, p.stderr
+    m.pid = _daemon_pid(m, old)
+    src.write_bytes(b"changed")
+    v.spec.view.put("e/f03", str(src))
+    time.sleep(1.3)  # the TTL
+    assert os.stat(e / "f03").st_size == len(b"changed")
+    assert (e / "f03").read_bytes() == b"changed"
+    assert "name(s) the kernel holds dropped" in m.own_log()

@@ -151,8 +151,17 @@ def test_without_an_invalidator_the_kernel_keeps_the_ttl(tmp_path: Path) -> None
             await trio.sleep(1.1 * TTL)
             inos = await looked_up(fs, d)
             assert {fs.kernel.keep(ino) for ino in inos.values()} == {TTL}
-            fs.kernel.attach(_rec, leases=False)  # a restartable mount: no leases
-            assert {fs.kernel.keep(ino) for ino in inos.values()} == {TTL}
+
+    trio.run(main)
+
+
+def test_a_daemon_taking_over_drops_every_name_the_kernel_holds(tmp_path: Path) -> None:
+    async def main() -> None:
+        async with kernel(tmp_path) as (fs, _mem, _w, rec, d):
+            inos = await looked_up(fs, d)
+            assert fs.kernel.took_over() == len(inos) + 1  # and d itself
+            assert {x[2] for x in rec.sent if x[0] == "entry"} == {"d", *inos}
+            assert ("inode", inos["f0"], False) in rec.sent
 
     trio.run(main)
 

@@ -216,6 +216,10 @@ class Session:
         this session never sees it) with what it negotiated."""
         self.negotiated = neg
         self._make_handlers(neg)
+        # the kernel may keep names on the previous daemon's leases, which this one does
+        # not check: it drops them (from the notifier's thread), and asks again
+        dropped = self.fs.kernel.took_over()
+        log.info("take-over: %d name(s) the kernel holds dropped from its cache", dropped)
 
     def resend(self) -> bool:
         """Ask the kernel to send again the requests a previous daemon read and never
@@ -247,10 +251,7 @@ class Session:
         self._handlers = self.handlers.table()
         if self.notifier is None:
             self.notifier = Notifier(self.notify)
-            # a daemon taking over a restartable mount would not know which directories
-            # the kernel was told to keep past the TTL: there, leases only where nothing
-            # is checked (--immutable)
-            self.fs.kernel.attach(self.notifier, leases=self.state is None)
+            self.fs.kernel.attach(self.notifier)
 
     def _read_ready(self) -> list[bytes]:
         batch: list[bytes] = []
