@@ -203,10 +203,6 @@ class KernelCache:
             self._active = self._names = 0
         self._wake.set()
 
-    @property
-    def attached(self) -> bool:
-        return self._inv is not None
-
     def keep(self, ino: int) -> float:
         """How long the kernel may keep the entry and attributes of inode ``ino`` it is
         about to be told (seconds): a lease, or the TTL."""
@@ -393,8 +389,12 @@ class KernelCache:
             self._wake.set()
 
     def _compare(self, path: str, new: Listing) -> None:
-        """Invalidate the names held in ``path`` whose node differs from ``new``; the others
-        count as checked at its start."""
+        """Invalidate what the kernel holds of the names in ``path`` whose node differs from
+        ``new``; the others count as checked at its start. A name gone, or now another kind
+        of object, loses its entry (the kernel looks it up again); a file or directory
+        changed in place keeps it (the same node: the name still leads there) and loses its
+        attributes and cached pages, so a directory whose mtime moved does not take the
+        kernel's names under it along."""
         inv = self._inv
         core = self.core
         dnode = core.inodes.at(path)
@@ -415,7 +415,8 @@ class KernelCache:
                 continue
             node.fetched = 0.0  # asked of the origin (its fresh listing) at the next use
             if node.lookups > 0:
-                inv.entry(dnode.ino, name)
+                if e is None or e.kind is not node.kind:
+                    inv.entry(dnode.ino, name)
                 inv.inode(node.ino, pages=True)
                 self.changed += 1
 
