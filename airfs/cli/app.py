@@ -97,7 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=seconds,
         default=1.0,
         metavar="SECONDS",
-        help="attribute/entry cache time; changes at the origin are seen within it (default 1)",
+        help="attribute/entry cache time; changes at the origin are seen within it (default "
+        "1; the kernel keeps names longer in directories the daemon checks once per TTL)",
     )
     m.add_argument(
         "--immutable",
