@@ -276,7 +276,13 @@ class ControlServer:
                 return
             if failed is not None:
                 raise failed
-            await drain()
+            try:
+                await drain()
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                # the client left between the pump's last send and the result (e.g. its
+                # --timeout passed): not the daemon's failure
+                log.info("control %s: the client left before the reply", op)
+                return
             reply: dict[str, Any] = {"ok": True, "result": result}
         except Denied as exc:
             self.denials.record(caller, op, exc.strerror or str(exc))

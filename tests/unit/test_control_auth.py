@@ -360,3 +360,41 @@ def test_denials_are_counted_always_and_logged_at_most_once_a_second(
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 3
     assert lines[0] == "control: denied unmount to uid 1001 (pid 2): no"
+
+
+class LeavingClient(FakeDaemon):
+    """A flush that reports progress only once its client has gone, then returns."""
+
+    def __init__(self, client_gone: trio.Event) -> None:
+        super().__init__()
+        self.client_gone = client_gone
+
+    async def flush(self, path: str, progress: Any, caller: Peer) -> dict[str, Any]:
+        await self.client_gone.wait()
+        progress({"files": 1})  # still pending when the request ends: the last drain sends it
+        return {"files": 0}
+
+
+def test_a_client_that_left_before_the_reply_is_not_a_daemon_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``airfs flush --timeout`` leaves while the daemon still works; the progress and the
+    reply sent after that meet a broken pipe, which is the client's leaving, not a failure
+    logged with a traceback (it was, when the pump had not met it first)."""
+    from airfs.control.protocol import encode
+
+    async def main() -> None:
+        gone = trio.Event()
+        server = ControlServer(LeavingClient(gone), "/unused", owner_uid=0)
+        a, b = trio.socket.socketpair()
+        ours, theirs = trio.SocketStream(a), trio.SocketStream(b)
+        async with theirs, trio.open_nursery() as nursery:
+            nursery.start_soon(server._serve_one, theirs, ROOT)
+            await ours.send_all(encode({"op": "flush", "path": "shared"}))
+            await ours.aclose()
+            gone.set()
+
+    with caplog.at_level("INFO", logger="airfs.control.server"):
+        trio.run(main)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
+    assert "the client left before the reply" in caplog.text
