@@ -129,15 +129,15 @@ class Directories(Protocol):
 @dataclass(frozen=True, slots=True)
 class KernelCacheStats:
     """``KernelCache.statistics()``: directories watched now, leases given, checks made,
-    names found changed and invalidated, leases dropped by a late or failed check, and
-    notifications the transport sent."""
+    names found changed and invalidated, leases dropped by a late or failed check, names
+    dropped from the kernel by ``airfs refresh``."""
 
     watched: int
     leases: int
     checks: int
     changed: int
     dropped: int
-    immutable_invalidated: int
+    refreshed: int
 
 
 @dataclass(slots=True)
@@ -189,7 +189,7 @@ class KernelCache:
         self._seen: collections.OrderedDict[str, float] = collections.OrderedDict()
         self._active = self._names = 0
         self._wake = trio.Event()
-        self.leases = self.checks = self.changed = self.dropped = self.imm_invalidated = 0
+        self.leases = self.checks = self.changed = self.dropped = self.refreshed = 0
 
     # -- the transport's side --------------------------------------------------------------
 
@@ -321,7 +321,7 @@ class KernelCache:
                 inv.entry(pnode.ino, name)
             inv.inode(node.ino, pages=True)
             n += 1
-        self.imm_invalidated += n
+        self.refreshed += n
         return n
 
     # -- the checks ------------------------------------------------------------------------
@@ -376,6 +376,9 @@ class KernelCache:
                 except OriginError as exc:
                     listing = None
                     log.debug("%s: check failed: %s", path, exc)
+                except Exception:  # a bug: said, and the lease dropped, never a dead daemon
+                    listing = None
+                    log.exception("%s: check failed", path)
             self.checks += 1
             if w.gen != gen or self._dirs.get(path) is not w:
                 return  # dropped while it ran
@@ -454,5 +457,5 @@ class KernelCache:
             self.checks,
             self.changed,
             self.dropped,
-            self.imm_invalidated,
+            self.refreshed,
         )
