@@ -63,7 +63,7 @@ import trio
 from airfs.origin.base import Entry, OriginError
 from airfs.writeback.staging import StagingArea
 
-from .inodes import InodeTable
+from .inodes import InodeTable, Node
 from .listings import Listing, ListingCache
 
 log = logging.getLogger(__name__)
@@ -283,9 +283,14 @@ class KernelCache:
         inv = self._inv
         if inv is None:
             return 0
+        return self._drop_names(inv, self.core.inodes.nodes(), pages=False)
+
+    def _drop_names(self, inv: Invalidator, nodes: list[Node], *, pages: bool) -> int:
+        """Drop from the kernel the entry and attributes (and pages, with ``pages``) of every
+        node of ``nodes`` it holds; returns how many."""
         inodes = self.core.inodes
         n = 0
-        for node in inodes.nodes():
+        for node in nodes:
             p = node.path
             if node.lookups <= 0 or not p:
                 continue
@@ -293,7 +298,7 @@ class KernelCache:
             pnode = inodes.at(parent)
             if pnode is not None:
                 inv.entry(pnode.ino, name)
-            inv.inode(node.ino, pages=False)
+            inv.inode(node.ino, pages=pages)
             n += 1
         return n
 
@@ -309,18 +314,7 @@ class KernelCache:
         prefix = f"{path}/" if path else ""
         for d in [d for d in self._dirs if d == path or d.startswith(prefix)]:
             self._end(d, self._dirs.pop(d))
-        n = 0
-        inodes = self.core.inodes
-        for node in inodes.under(path):
-            p = node.path
-            if p is None or not p or node.lookups <= 0:
-                continue
-            parent, _, name = p.rpartition("/")
-            pnode = inodes.at(parent)
-            if pnode is not None:
-                inv.entry(pnode.ino, name)
-            inv.inode(node.ino, pages=True)
-            n += 1
+        n = self._drop_names(inv, self.core.inodes.under(path), pages=True)
         self.refreshed += n
         return n
 
