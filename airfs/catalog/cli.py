@@ -81,6 +81,15 @@ def _word(word: str) -> Any:
     return check
 
 
+def _boolean(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("true", "yes", "on", "1"):
+        return True
+    if low in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def _location(text: str) -> str:
     try:
         return check_location(text)
@@ -114,6 +123,8 @@ def _request(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
             upd["comment"] = args.comment
         if args.owner:
             upd["owner"] = args.owner
+        if args.immutable is not None:
+            upd["immutable"] = args.immutable
         return c, upd
     if c == "show-grants" and args.type:
         return c, {
@@ -355,13 +366,20 @@ def register(sub: Any) -> None:
     p.add_argument("name", metavar="NAME")
     p = cs.add_parser(
         "update",
-        help="change an object's comment or owner",
+        help="change an object's comment or owner, or a volume's immutable property",
         description="Needs MANAGE or ownership.",
     )
     p.add_argument("type", type=_securable, metavar="CATALOG|SCHEMA|VOLUME|TABLE")
     p.add_argument("name", metavar="NAME")
     p.add_argument("--comment", help="the new comment ('' clears it)")
     p.add_argument("--owner", metavar="PRINCIPAL", help="the new owner")
+    p.add_argument(
+        "--immutable", type=_boolean, metavar="true|false",
+        help="a volume only: true declares that its files never change at the origin (every "
+        "mount then trusts the names and versions it knows of them until `airfs refresh PATH` "
+        "or a remount, seen by each node within its TTL; writes through a mount still work); "
+        "false ends it",
+    )  # fmt: skip
 
     p = cs.add_parser(
         "list", help="list catalogs, schemas, volumes and tables", description="What you may see."

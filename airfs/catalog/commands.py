@@ -261,6 +261,7 @@ def list_objects(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
         if len(child) == 3:
             item["location"] = obj.location or "/".join(child)
             item["external"] = obj.location is not None
+            item["immutable"] = obj.immutable
         out.append(item)
     if len(names) == 2:
         for n, t in sorted(_schema(meta, names).tables.items()):

@@ -27,7 +27,17 @@ from typing import Any
 
 from airfs.core.context import Caller, groups_of
 
-from .model import OK, RESERVED, Decision, Who, allowed, split_path, table_index, who
+from .model import (
+    OK,
+    RESERVED,
+    Decision,
+    Metastore,
+    Who,
+    allowed,
+    split_path,
+    table_index,
+    who,
+)
 from .store import CatalogCache, CatalogCacheStats
 from .table import TableIndex
 
@@ -79,6 +89,19 @@ class _Names:
         return self._get(self._groups, gid, False)
 
 
+def immutable_volumes(meta: Metastore | None) -> frozenset[tuple[str, str, str]]:
+    """The volumes of ``meta`` declared immutable, by name."""
+    if meta is None:
+        return frozenset()
+    return frozenset(
+        (c, s, v)
+        for c, cat in meta.catalogs.items()
+        for s, sch in cat.children.items()
+        for v, vol in sch.children.items()
+        if vol.immutable
+    )
+
+
 def denial_message(d: Decision, op: str, path: str) -> str:
     what = (d.missing and f"missing {d.missing}") or d.reason
     return f"/{path}: {op} not allowed ({what})"
@@ -100,6 +123,8 @@ class CatalogGuard:
         self._decided: dict[tuple[object, ...], Decision] = {}
         self._decided_on: object = None
         self._index = TableIndex({})
+        #: (catalog, schema, volume) of the volumes declared immutable
+        self._immutable: frozenset[tuple[str, str, str]] = frozenset()
 
     def who(self, caller: Caller) -> Who:
         """The caller's principals (remembered for a second per process and catalog: the
@@ -166,6 +191,7 @@ class CatalogGuard:
             self._decided.clear()
             self._decided_on = meta
             self._index = table_index(meta) if meta is not None else TableIndex({})
+            self._immutable = immutable_volumes(meta)
         return self._index
 
     def filters(self, dir_path: str) -> bool:
@@ -176,6 +202,15 @@ class CatalogGuard:
 
     def governs(self) -> bool:
         return self.cache.meta is not None or self.cache.damaged is not None
+
+    def immutable(self, path: str) -> bool:
+        """``path`` is in a volume the cached catalog declares immutable (the volume root
+        included; a catalog or schema never is)."""
+        self.index()  # the set follows the catalog as cached now
+        if not self._immutable:
+            return False
+        parts = path.split("/", 3)
+        return len(parts) >= 3 and (parts[0], parts[1], parts[2]) in self._immutable
 
     def storage(self, path: str) -> str:
         """A volume is its own storage (Unity Catalog): the first three names of ``path``;

@@ -90,6 +90,9 @@ class Securable:
     children: dict[str, Securable] = field(default_factory=dict)
     #: volumes only: None for a managed volume, else the external location
     location: str | None = None
+    #: volumes only: its files never change at the origin (set by a holder of MANAGE):
+    #: mounts trust the names and versions they know until ``airfs refresh`` or a remount
+    immutable: bool = False
     comment: str = ""
     #: schemas only
     tables: dict[str, Table] = field(default_factory=dict)
@@ -110,6 +113,8 @@ class Securable:
             out["updated_at"] = self.updated_at
         if depth == 3:
             out["location"] = self.location
+            if self.immutable:
+                out["immutable"] = True
         else:
             key = "schemas" if depth == 1 else "volumes"
             out[key] = {n: c.to_json(depth + 1) for n, c in sorted(self.children.items())}
@@ -138,6 +143,7 @@ class Securable:
             grants=grants,
             children=children,
             location=check_location(loc) if loc else None,
+            immutable=depth == 3 and obj.get("immutable", False) is True,
             comment=str(obj.get("comment", "")),
             tables=tables,
             created_at=int(obj.get("created_at", 0)),

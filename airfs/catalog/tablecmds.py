@@ -16,7 +16,10 @@ Who may do what (Unity Catalog's rules):
   files stay where they are.
 * ``show-tables C.S`` and ``describe`` — what a caller with ``USE CATALOG`` and ``USE SCHEMA``
   sees (admins: everything); the answer includes the caller's own privileges on the object.
-* ``update`` (``comment``, ``owner``) — ``MANAGE`` on the object.
+* ``update`` (``comment``, ``owner``; a volume's ``immutable``) — ``MANAGE`` on the object.
+  An immutable volume's files are declared never to change at the origin: mounts trust the
+  names and versions they know of it until ``airfs refresh`` or a remount (seen by every
+  node within its catalog TTL; writes through a mount still work).
 """
 
 from __future__ import annotations
@@ -185,6 +188,7 @@ def _securable_info(
         out["schema_name"] = names[1]
         out["volume_type"] = "EXTERNAL" if obj.location is not None else "MANAGED"
         out["location"] = obj.location or "/".join(names)
+        out["immutable"] = obj.immutable
     return out
 
 
@@ -198,18 +202,37 @@ def describe(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
 
 def update(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     kind, names = typed(args)
-    if args.get("comment") is None and not args.get("owner"):
-        raise CatalogError("update: nothing to change (comment, owner)")
+    immutable = _flag(args.get("immutable"))
+    if args.get("comment") is None and not args.get("owner") and immutable is None:
+        raise CatalogError("update: nothing to change (comment, owner, immutable)")
+    if immutable is not None and kind != "volume":
+        what = ".".join(names)
+        raise CatalogError(f"update: only a volume can be immutable ({what} is a {kind})")
     obj = managed_target(meta, w, kind, names)
     if args.get("comment") is not None:
         obj.comment = str(args["comment"])
     if args.get("owner"):
         obj.owner = creator(w, args)
+    if immutable is not None:
+        assert isinstance(obj, Securable)
+        obj.immutable = immutable
     obj.updated_at = now_ms()
     if isinstance(obj, Table):
         obj.updated_by = w.name
         return meta, table_info(meta, w, names, obj)
     return meta, _securable_info(meta, w, kind, names, obj)
+
+
+def _flag(value: Any) -> bool | None:
+    """A boolean argument as the CLI, the control socket or JSON carries it (None: absent)."""
+    if value is None or isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "yes", "1", "on"):
+        return True
+    if text in ("false", "no", "0", "off"):
+        return False
+    raise CatalogError(f"update: immutable takes true or false, not {value!r}")
 
 
 def relocate(meta: Metastore, old: str, new: str) -> None:

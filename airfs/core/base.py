@@ -136,7 +136,7 @@ class Core:
         self.ops: collections.Counter[str] = collections.Counter()
         #: durations of the core operations (see :func:`counted`)
         self.latency = Latencies()
-        self.listings = ListingCache(ttl, immutable=immutable)
+        self.listings = ListingCache(ttl, trusted=self.trusts)
         self.relisting: dict[str, trio.Event] = {}
         #: what asking the origin about one name costs (seconds, a moving mean)
         self.name_s = 0.0
@@ -248,11 +248,18 @@ class Core:
             raise err(errno.ENOENT, "no such file")
         return self.entry_attr(node, node.entry)
 
+    def trusts(self, path: str) -> bool:
+        """Whether what is known of ``path`` (its name, its version; a directory's listing)
+        is trusted until :meth:`forget_known` rather than for the TTL: ``--immutable``, or a
+        volume the catalog declares immutable (seen within the catalog's TTL; when the
+        declaration ends the TTL applies again at once)."""
+        return self.immutable or (self.guard is not None and self.guard.immutable(path))
+
     def fresh(self, node: Node) -> bool:
         """Whether ``node.entry`` may be used without asking the origin. A file with several
         names is always asked (a change through another name moves its link count)."""
         e = node.entry
-        if self.immutable:
+        if self.immutable or (node.path is not None and self.trusts(node.path)):
             return e is not None and node.fetched > 0.0  # 0: forgotten (or never asked)
         if e is None or (e.nlink > 1 and e.kind is not Kind.DIR):
             return False

@@ -95,6 +95,13 @@ class Guard(Protocol):
         kernel keeps no entry and no "no such name" for another caller."""
         ...
 
+    def immutable(self, path: str) -> bool:
+        """Whether ``path`` lies in a volume declared immutable (its files never change at
+        the origin): the core then trusts what it knows of names and versions there until
+        ``airfs refresh`` (as the whole mount does with ``--immutable``). Cheap: called per
+        request."""
+        ...
+
     def storage(self, path: str) -> str:
         """The storage ``path`` lives in (its volume, ``"cat/schema/volume"``; ``""`` where
         no catalog governs). A hard link or rename between two storages is EXDEV, and the

@@ -122,6 +122,10 @@ class Directories(Protocol):
     def level(self, path: str) -> bool:
         """``path`` is a governed level (its names are per caller)."""
 
+    def trusts(self, path: str) -> bool:
+        """What is known of ``path`` is trusted until ``airfs refresh`` (an immutable mount
+        or volume)."""
+
     async def relist(self, dir_path: str, since: float) -> Listing | None:
         """Fetch ``dir_path``'s listing again (None: gone, or not kept)."""
 
@@ -217,6 +221,10 @@ class KernelCache:
             return self.ttl
         if self.immutable:
             return IMMUTABLE_KEEP
+        if core.trusts(path):
+            # an immutable volume: the daemon answers from memory, but the declaration may
+            # end (within the catalog's TTL), so the kernel keeps the TTL; never checked
+            return self.ttl
         parent = path.rpartition("/")[0]
         now = time.monotonic()
         w = self._dirs.get(parent)

@@ -46,6 +46,7 @@ from __future__ import annotations
 import bisect
 import collections
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from airfs.origin.base import Entry, split
@@ -92,13 +93,24 @@ class Listing:
     reach: tuple[int, int] = (-1, -1)
 
 
+def _never(dir_path: str) -> bool:
+    return False
+
+
 class ListingCache:
     """Bounded LRU of directory listings. Trio loop only."""
 
-    def __init__(self, ttl: float, *, max_dirs: int = 4096, immutable: bool = False) -> None:
+    def __init__(
+        self,
+        ttl: float,
+        *,
+        max_dirs: int = 4096,
+        trusted: Callable[[str], bool] | None = None,
+    ) -> None:
         self.ttl = ttl
-        #: listings never expire (until :meth:`drop`): ``--immutable``
-        self.immutable = immutable
+        #: directories whose listings never expire (until :meth:`drop`): ``--immutable``, an
+        #: immutable volume
+        self.trusted = trusted or _never
         self.max_dirs = max_dirs
         self._dirs: collections.OrderedDict[str, Listing] = collections.OrderedDict()
         #: when a directory last changed in a way a listing cannot be patched for
@@ -139,7 +151,9 @@ class ListingCache:
 
     def fresh(self, dir_path: str) -> Listing | None:
         listing = self._dirs.get(dir_path)
-        if listing is None or (not self.immutable and time.monotonic() - listing.at >= self.ttl):
+        if listing is None or (
+            time.monotonic() - listing.at >= self.ttl and not self.trusted(dir_path)
+        ):
             return None
         return listing
 

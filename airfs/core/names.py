@@ -52,13 +52,14 @@ class Names:
         # Staged files first: one whose commit lands while we list would otherwise be in
         # neither snapshot.
         staged = self.core.area.children(path)
-        kept = self.core.listings.fresh(path) if self.core.immutable else None
-        if kept is not None:  # --immutable: the listing is trusted until `airfs refresh`
+        trusted = self.core.trusts(path)
+        kept = self.core.listings.fresh(path) if trusted else None
+        if kept is not None:  # immutable: the listing is trusted until `airfs refresh`
             t0, listed = kept.at, list(kept.entries.values())
         else:
             t0 = time.monotonic()
             listed = await self.core.origin.list(path)
-            if self.core.immutable:  # what is known of a name is kept (until `airfs refresh`)
+            if trusted:  # what is known of a name is kept (until `airfs refresh`)
                 listed = [self.known(path, e) for e in listed]
             self.core.put_listing(path, listed, t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}

@@ -45,9 +45,9 @@ def test_commands_outputs_and_exit_codes(tmp_path: Path) -> None:
     assert code == 0
     assert json.loads(out) == [
         {"name": "main.raw.ext", "type": "volume", "owner": "root",
-         "location": "s3://bucket/prefix", "external": True},
+         "location": "s3://bucket/prefix", "external": True, "immutable": False},
         {"name": "main.raw.images", "type": "volume", "owner": "root",
-         "location": "main/raw/images", "external": False},
+         "location": "main/raw/images", "external": False, "immutable": False},
     ]  # fmt: skip
     code, out, _ = cat(o, "show-grants", "main.raw.images", "--principal", "group:ml")
     assert out.splitlines() == ["group:ml  READ VOLUME  on main.raw.images"]
@@ -81,6 +81,49 @@ def test_commands_outputs_and_exit_codes(tmp_path: Path) -> None:
                "group:ml")[0] == 0  # fmt: skip
     assert cat(o, "show-grants", "main.raw.images", "--principal", "group:ml")[1] == ""
     assert cat(o, "drop-volume", "main.raw.ext")[0] == 0
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="--origin is root's")
+def test_a_volume_is_declared_immutable_by_a_holder_of_manage_only(tmp_path: Path) -> None:
+    o = tmp_path / "origin"
+    o.mkdir()
+    for argv in (
+        ["init"],
+        ["create-catalog", "main"],
+        ["create-schema", "main.raw"],
+        ["create-volume", "main.raw.images"],
+        ["grant", "USE CATALOG", "ON", "CATALOG", "main", "TO", "alice"],
+        ["grant", "USE SCHEMA", "ON", "SCHEMA", "main.raw", "TO", "alice"],
+        ["grant", "READ VOLUME", "ON", "VOLUME", "main.raw.images", "TO", "alice"],
+    ):
+        assert cat(o, *argv)[0] == 0, argv
+    code, out, err = cat(o, "--json", "update", "volume", "main.raw.images", "--immutable", "true")
+    assert code == 0, err
+    assert json.loads(out)["immutable"] is True
+    doc = json.loads((o / CATALOG_PATH).read_text())
+    assert doc["catalogs"]["main"]["schemas"]["raw"]["volumes"]["images"]["immutable"] is True
+    code, out, _ = cat(o, "--json", "describe", "volume", "main.raw.images")
+    assert json.loads(out)["immutable"] is True
+    # alice reads the volume but does not hold MANAGE on it: refused, and the reason says so
+    from airfs.catalog.commands import apply
+    from airfs.catalog.model import CatalogError, Metastore, who
+
+    meta = Metastore.from_json(doc)
+    alice = who(meta, "alice", [], is_root=False)
+    args = {"type": "volume", "name": "main.raw.images", "immutable": False}
+    with pytest.raises(CatalogError, match="alice lacks MANAGE on volume main.raw.images") as refused:
+        apply(meta, alice, "update", args)
+    assert refused.value.errno == 13  # EACCES
+    for argv, reason in (
+        (["update", "schema", "main.raw", "--immutable", "true"],
+         "only a volume can be immutable (main.raw is a schema)"),
+    ):  # fmt: skip
+        code, _out, err = cat(o, *argv)
+        assert code == 1 and reason in err, (argv, err)
+    assert cat(o, "update", "volume", "main.raw.images", "--immutable", "maybe")[0] == 2
+    assert cat(o, "update", "volume", "main.raw.images", "--immutable", "false")[0] == 0
+    doc = json.loads((o / CATALOG_PATH).read_text())
+    assert "immutable" not in doc["catalogs"]["main"]["schemas"]["raw"]["volumes"]["images"]
 
 
 def test_help_on_each_command() -> None:

@@ -210,3 +210,62 @@ def test_ungoverned_whole_mount_warm_keeps_the_mode_filter_and_skips_the_catalog
         assert out["ok"] and out["result"]["files"] == 1, out
         assert client.warm(str(m.mountpoint), [str(m.mountpoint)])["files"] == 2
         assert sorted(os.listdir(m.mountpoint)) == ["priv", "pub"]
+
+
+IMMUTABLE = """
+print(json.dumps(airfs("catalog", "--mount", MP, "update", "volume", "main.raw.images",
+                       "--immutable", {value!r})))
+"""
+
+
+def test_an_immutable_volume_is_declared_by_its_owner_and_trusted_by_every_node(
+    gsite: Site, folks: People
+) -> None:
+    """Issue 22, item 4: the volume's owner (not a reader) declares it immutable through one
+    node; a second node then trusts what it knows of the volume's names and versions past the
+    TTL (another volume keeps the TTL), until ``airfs refresh``; the declaration's end is seen
+    within the TTL."""
+    import time
+
+    from cattest_util import airfs_main, put
+
+    a, b = gsite.nodes[0], gsite.mount()
+    o = gsite.origin
+    assert o.catalog("set-owner", "volume", "main.raw.images", folks.bob.name)[0] == 0
+    code, _, err = run_as(folks.alice, a.mountpoint, IMMUTABLE.format(value="true"))
+    assert code == 1 and err.strip() == (
+        f"airfs catalog: {folks.alice.name} lacks MANAGE on volume main.raw.images"
+    ), err
+    code, _, err = run_as(folks.bob, a.mountpoint, IMMUTABLE.format(value="true"))
+    assert code == 0, err
+    time.sleep(0.7)  # node b's catalog (TTL 0.5 s) is reloaded at its next request
+    vol, other = b.mountpoint / "main/raw/images", b.mountpoint / "main/raw/secret"
+    assert (vol / "a.bin").read_bytes() == b"a" * 5000
+    assert (other / "s.bin").read_bytes() == b"s" * 3000
+    assert sorted(os.listdir(vol)) == ["a.bin"]
+    put(o.view, gsite.base, "main/raw/images/a.bin", b"changed")  # at the origin
+    put(o.view, gsite.base, "main/raw/images/new.bin", b"new")
+    put(o.view, gsite.base, "main/raw/secret/s.bin", b"changed")
+    time.sleep(0.8)  # past the TTL (kernel and daemon)
+    assert os.stat(other / "s.bin").st_size == 7, "a volume not declared keeps the TTL"
+    for _ in range(3):
+        assert os.stat(vol / "a.bin").st_size == 5000
+        assert (vol / "a.bin").read_bytes() == b"a" * 5000
+        assert sorted(os.listdir(vol)) == ["a.bin"]
+        time.sleep(0.6)
+    (vol / "mine.txt").write_bytes(b"mine")  # writes still work, seen at once
+    assert sorted(os.listdir(vol)) == ["a.bin", "mine.txt"]
+    code, _, err = airfs_main("refresh", str(vol))
+    assert code == 0, err
+    time.sleep(0.6)  # what the kernel keeps (the TTL)
+    assert (vol / "a.bin").read_bytes() == b"changed"
+    assert sorted(os.listdir(vol)) == ["a.bin", "mine.txt", "new.bin"]
+    # the end of the declaration: a change at the origin is seen within the TTLs again
+    code, _, err = run_as(folks.bob, a.mountpoint, IMMUTABLE.format(value="false"))
+    assert code == 0, err
+    put(o.view, gsite.base, "main/raw/images/a.bin", b"third version")
+    deadline = time.monotonic() + 5.0
+    while os.stat(vol / "a.bin").st_size != len(b"third version"):
+        assert time.monotonic() < deadline, "the end of the declaration was not seen"
+        time.sleep(0.2)
+    assert (vol / "a.bin").read_bytes() == b"third version"
