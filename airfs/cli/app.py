@@ -104,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--immutable",
         action="store_true",
         help="the origin's files never change: names and versions are trusted until "
-        "`airfs refresh PATH` or the next mount (writes through the mount still work)",
+        "`airfs refresh PATH` or the next mount (writes through the mount still work); for "
+        "one governed volume: airfs catalog update VOLUME NAME --immutable true",
     )
     m.add_argument(
         "--foreground", "-f", action="store_true", help="stay attached and log to stderr"
