@@ -97,6 +97,9 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
         return False
 
 
+#: the longest the mount's readiness waits for its readahead to be raised (seconds)
+READ_AHEAD_WAIT_S = 2.0
+
 #: seconds a retiring daemon waits for the requests it is serving to be answered
 RETIRE_GRACE = 10.0
 
@@ -234,7 +237,8 @@ async def _serve(
     code = 0
     try:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_raise_read_ahead, d, initialized)
+            ahead = trio.Event()
+            nursery.start_soon(_raise_read_ahead, d, initialized, ahead)
             try:
                 await nursery.start(control.serve)
             except SocketDirError as exc:
@@ -249,6 +253,10 @@ async def _serve(
             nursery.start_soon(heap.trim_when_idle, d.activity, trim_idle_s)
             if os.environ.get(memdebug.ENV):  # a debugging hook: see airfs/memdebug.py
                 nursery.start_soon(memdebug.serve, d.components(), os.environ[memdebug.ENV])
+            # a file keeps the readahead of the moment it was opened: the mount is ready
+            # once it is raised (or could not be), so that a job's first open has it too
+            with trio.move_on_after(READ_AHEAD_WAIT_S):
+                await ahead.wait()
             log.info("mounted %s on %s (cache %s)", d.origin.url, cfg.mountpoint, cfg.cache_dir)
             ready(None)
             if link is not None:
@@ -299,17 +307,25 @@ async def _metrics_server(d: Daemon) -> Callable[[], Awaitable[None]] | None:
     return functools.partial(metrics.serve, listener, render)
 
 
-async def _raise_read_ahead(d: Daemon, initialized: trio.Event) -> None:
+async def _raise_read_ahead(d: Daemon, initialized: trio.Event, done: trio.Event) -> None:
     """The kernel sets the mount's readahead from the INIT reply (128 KiB): raise it
-    once that reply is out, so sequential reads arrive as 1 MiB requests."""
-    await initialized.wait()
-    for _ in range(20):
-        await trio.sleep(0.05)
-        d.read_ahead = await trio.to_thread.run_sync(
-            raise_read_ahead, d.cfg.mountpoint, d.cfg.read_ahead_kb
-        )
-        if d.read_ahead:
-            return
+    once that reply is out, so sequential reads arrive as 1 MiB requests; ``done`` is set
+    when it is raised or given up. A file keeps the readahead of the moment it was opened,
+    so the mount is reported ready only after this (``READ_AHEAD_WAIT_S`` at most)."""
+    try:
+        await initialized.wait()
+        # the kernel transport's INIT reply is applied by the kernel as it is written; libfuse
+        # writes pyfuse3's after its init callback: give it a moment
+        first = 0.0 if d.cfg.fuse == "kernel" else 0.05
+        for attempt in range(20):
+            await trio.sleep(first if attempt == 0 else 0.05)
+            d.read_ahead = await trio.to_thread.run_sync(
+                raise_read_ahead, d.cfg.mountpoint, d.cfg.read_ahead_kb
+            )
+            if d.read_ahead:
+                return
+    finally:
+        done.set()
 
 
 async def _fuse_main(d: Daemon) -> None:

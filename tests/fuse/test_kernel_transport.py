@@ -52,11 +52,30 @@ def test_status_reports_what_was_negotiated(kvolume: Volume) -> None:
         assert flag in fuse["flags"]
     assert fuse["max_write"] == fuse["max_pages"] * 4096 >= 128 << 10
     assert "negotiated" in kvolume.m.log.read_text()
-    # the readahead is raised once INIT is answered (by a task that runs after it: wait)
-    deadline = time.monotonic() + 20
-    while kvolume.m.status()["read_ahead_kb"] is None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the readahead is raised before the mount reports ready
     assert kvolume.m.status()["read_ahead_kb"] == 1024
+
+
+def test_a_file_opened_as_the_mount_returns_reads_in_1_mib_requests(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file keeps the readahead of the moment it was opened: one opened by a job as soon
+    as ``airfs mount`` returned read in 128 KiB requests for its whole life (8x the requests
+    of a sequential read) when the readahead was raised after the mount reported ready."""
+    monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")
+    v: Volume = make_volume("--no-passthrough")  # type: ignore[operator]
+    data = os.urandom(16 << 20)
+    (v.root / "seq.bin").write_bytes(data)
+    v.remount()
+    fd = os.open(v.root / "seq.bin", os.O_RDONLY)  # at once
+    try:
+        before = v.m.status()["fs"]["ops"].get("read", 0)
+        got = b"".join(iter(lambda: os.read(fd, 1 << 20), b""))
+    finally:
+        os.close(fd)
+    reads = v.m.status()["fs"]["ops"]["read"] - before
+    assert got == data
+    assert reads <= 16 + 2, f"{reads} read requests for 16 MiB (1 MiB each expected)"
 
 
 def test_large_writes_arrive_as_large_requests(
