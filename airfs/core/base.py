@@ -1,10 +1,11 @@
 """The core's state and the helpers every operation shares (see :mod:`airfs.core.fs`).
 
 :class:`Core` holds the origin, read path, staging area, inode table and listings, resolves
-names and attributes, revalidates entries against the origin and takes the uploader's
-``committed`` hook. The operations are layered on it by role: :mod:`airfs.core.files` (open,
-read, write, close), :mod:`airfs.core.names` (directories and names), :mod:`airfs.core.fs`
-(lookups and attributes: the :class:`Filesystem` the adapters drive).
+names and attributes, revalidates entries against the origin (:mod:`airfs.core.revalidate`, a
+mixin) and takes the uploader's ``committed`` hook. The operations are layered on it by role:
+:mod:`airfs.core.files` (open, read, write, close), :mod:`airfs.core.names` (directories and
+names), :mod:`airfs.core.fs` (lookups and attributes: the :class:`Filesystem` the adapters
+drive).
 """
 
 from __future__ import annotations
@@ -29,8 +30,6 @@ from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import (
     Entry,
     Kind,
-    NotADir,
-    NotFound,
     OriginError,
     join,
     split,
@@ -43,9 +42,10 @@ from .context import Guard, current_caller
 from .handles import DirHandle, Handle, err
 from .inodes import InodeTable, Node
 from .kernelcache import KernelCache
-from .listings import Listing, ListingCache
+from .listings import ListingCache
 from .passthrough import Passthrough
-from .readpath import ObjectRef, ReadPath, files_listed
+from .readpath import ObjectRef, ReadPath
+from .revalidate import Revalidation
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def counted(fn: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R]]:
     return wrapper
 
 
-class Core:
+class Core(Revalidation):
     """The core's state and the helpers its parts share (:class:`~airfs.core.files.Files`,
     :class:`~airfs.core.names.Names` and :class:`~airfs.core.fs.Filesystem` hold it as
     ``core``; :func:`counted` operations are methods of those parts). Every method runs on
@@ -331,127 +331,6 @@ class Core:
         if pattr.mode & stat.S_ISGID:
             return caller.uid, pattr.gid, True
         return caller.uid, caller.gid, False
-
-    async def stat(self, path: str, *, fast: bool = False) -> Entry | None:
-        """The origin's entry of ``path`` (None: it does not exist); ``fast`` ones (what the
-        core revalidates) are asked together with those asked meanwhile."""
-        try:
-            if fast:
-                return await self.origin.stat_joined(path)
-            return await self.origin.stat(path)
-        except NotFound:
-            return None
-
-    async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
-        """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
-        is valid from: from a fresh listing of its directory when there is one (an expired
-        listing is fetched again when that is worth it: :mod:`airfs.core.listings`), else
-        from ``stat``."""
-        if path:
-            parent, name = split(path)
-            listing = self.listings.fresh(parent)
-            if listing is None and (
-                self.listings.worth_relisting(parent, self.name_s)
-                or self.listings.first_listing_due(parent, name)
-            ):
-                listing = await self.relist(parent, time.monotonic())
-            if listing is not None:
-                listing.asked += 1
-                entry = listing.entries.get(name)
-                if entry is None:
-                    self.listings.negative_hits += 1
-                else:
-                    self.listings.hits += 1
-                return entry, listing.at
-            self.listings.asked(parent)
-            ahead = self.listings.take_ahead(parent, name)
-            if ahead is not None:
-                return ahead
-            more = self.listings.walk_ahead(parent, name)
-            if more:
-                t0 = time.monotonic()
-                got = await self.origin.stat_many(
-                    [path, *(join(parent, n) for n in more)], fast=True
-                )
-                self.name_cost(t0, len(got))
-                asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
-                self.listings.put_ahead(parent, asked, t0)
-                return got[path], t0
-        t0 = time.monotonic()
-        entry = await self.stat(path, fast=True)
-        self.name_cost(t0, 1)
-        return entry, t0
-
-    def name_cost(self, t0: float, names: int) -> None:
-        """``names`` names were asked of the origin since ``t0``: the moving mean of what one
-        costs (``name_s``, which :meth:`ListingCache.worth_relisting` weighs)."""
-        self.name_s = 0.8 * self.name_s + 0.2 * (time.monotonic() - t0) / max(1, names)
-
-    def put_listing(self, dir_path: str, entries: list[Entry], t0: float) -> Listing:
-        """Keep a listing of ``dir_path`` fetched from ``t0``; the first one this daemon
-        has of it names the read path the files likely to be opened next
-        (:meth:`~airfs.core.readpath.ReadPath.expect`)."""
-        first = self.listings.latest(dir_path) is None
-        listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
-        if first:
-            self.readpath.expect(files_listed(dir_path, entries))
-        return listing
-
-    async def relist(self, dir_path: str, since: float) -> Listing | None:
-        """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
-        that finds one in flight waits for it). The listing is returned to a caller that
-        asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as of
-        its start, so no change older than the TTL is missed), even if it expired while it
-        was fetched."""
-        busy = self.relisting.get(dir_path)
-        if busy is not None:
-            await busy.wait()
-            listing = self.listings.latest(dir_path)
-            if listing is None:
-                return None
-            return listing if since - listing.at < self.ttl else None
-        done = self.relisting[dir_path] = trio.Event()
-        try:
-            t0 = time.monotonic()
-            try:
-                entries = await self.origin.list(dir_path, fast=True)
-            except (NotFound, NotADir):
-                self.listings.drop(dir_path)
-                return None
-            self.listings.relists += 1
-            listing = self.put_listing(dir_path, entries, t0)
-            return listing if self.listings.kept(dir_path, listing) else None
-        finally:
-            del self.relisting[dir_path]
-            done.set()
-
-    async def refresh(self, node: Node) -> Entry | None:
-        """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
-        if self.fresh(node):
-            return node.entry
-        path = self.path_of(node)
-        try:
-            if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
-                # several names: a listing's entry for this one is stale after a change
-                # through another (a link count, a chmod)
-                t0 = time.monotonic()
-                entry = await self.stat(path, fast=True)
-            else:
-                entry, t0 = await self.origin_entry(path)
-        except OriginError as exc:
-            if not exc.transient or node.entry is None:
-                raise
-            # origin unreachable: keep serving what we know (cached data stays readable)
-            log.warning("%s: origin unreachable, using the last known version: %s", path, exc)
-            return node.entry
-        if entry is None:
-            return None
-        if entry.kind is not node.kind:
-            return None  # replaced by another kind of object: the old inode is gone
-        if t0 >= node.fetched:  # else a commit updated the node while we asked
-            node.entry = entry
-            node.fetched = t0
-        return node.entry
 
     async def committed(self, path: str, entry: Entry, st: Staged) -> None:
         """The uploader's ``on_committed`` hook: ``st`` is at the origin as ``entry``.

@@ -1,0 +1,166 @@
+"""How the core asks the origin about names (a mixin of :class:`~airfs.core.base.Core`):
+one name by ``stat``, or a whole directory by listing it when that is worth it (the rules in
+:mod:`airfs.core.listings`), and an entry refreshed once its TTL is over. Trio loop only; the
+origin calls go to worker threads (:mod:`airfs.origin.aio`)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import trio
+
+from airfs.origin.base import Entry, Kind, NotADir, NotFound, OriginError, join, split
+
+from .inodes import Node
+from .listings import Listing
+from .readpath import files_listed
+
+if TYPE_CHECKING:
+    from airfs.origin.aio import AsyncOrigin
+
+    from .listings import ListingCache
+    from .readpath import ReadPath
+
+log = logging.getLogger("airfs.core.base")
+
+
+class Revalidation:
+    """The core's origin lookups (mixed into :class:`~airfs.core.base.Core`, whose state
+    they use: declared here, set by ``Core.__init__``)."""
+
+    origin: AsyncOrigin
+    listings: ListingCache
+    readpath: ReadPath
+    relisting: dict[str, trio.Event]
+    ttl: float
+    #: what asking the origin about one name costs (seconds, a moving mean)
+    name_s: float
+
+    def fresh(self, node: Node) -> bool:
+        raise NotImplementedError  # Core's
+
+    def path_of(self, node: Node) -> str:
+        raise NotImplementedError  # Core's
+
+    async def stat(self, path: str, *, fast: bool = False) -> Entry | None:
+        """The origin's entry of ``path`` (None: it does not exist); ``fast`` ones (what the
+        core revalidates) are asked together with those asked meanwhile."""
+        try:
+            if fast:
+                return await self.origin.stat_joined(path)
+            return await self.origin.stat(path)
+        except NotFound:
+            return None
+
+    async def origin_entry(self, path: str) -> tuple[Entry | None, float]:
+        """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
+        is valid from: from a fresh listing of its directory when there is one (an expired
+        listing is fetched again when that is worth it: :mod:`airfs.core.listings`), else
+        from ``stat``."""
+        if path:
+            parent, name = split(path)
+            listing = self.listings.fresh(parent)
+            if listing is None and (
+                self.listings.worth_relisting(parent, self.name_s)
+                or self.listings.first_listing_due(parent, name)
+            ):
+                listing = await self.relist(parent, time.monotonic())
+            if listing is not None:
+                listing.asked += 1
+                entry = listing.entries.get(name)
+                if entry is None:
+                    self.listings.negative_hits += 1
+                else:
+                    self.listings.hits += 1
+                return entry, listing.at
+            self.listings.asked(parent)
+            ahead = self.listings.take_ahead(parent, name)
+            if ahead is not None:
+                return ahead
+            more = self.listings.walk_ahead(parent, name)
+            if more:
+                t0 = time.monotonic()
+                got = await self.origin.stat_many(
+                    [path, *(join(parent, n) for n in more)], fast=True
+                )
+                self.name_cost(t0, len(got))
+                asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
+                self.listings.put_ahead(parent, asked, t0)
+                return got[path], t0
+        t0 = time.monotonic()
+        entry = await self.stat(path, fast=True)
+        self.name_cost(t0, 1)
+        return entry, t0
+
+    def name_cost(self, t0: float, names: int) -> None:
+        """``names`` names were asked of the origin since ``t0``: the moving mean of what one
+        costs (``name_s``, which :meth:`ListingCache.worth_relisting` weighs)."""
+        self.name_s = 0.8 * self.name_s + 0.2 * (time.monotonic() - t0) / max(1, names)
+
+    def put_listing(self, dir_path: str, entries: list[Entry], t0: float) -> Listing:
+        """Keep a listing of ``dir_path`` fetched from ``t0``; the first one this daemon
+        has of it names the read path the files likely to be opened next
+        (:meth:`~airfs.core.readpath.ReadPath.expect`)."""
+        first = self.listings.latest(dir_path) is None
+        listing = self.listings.put(dir_path, entries, t0, time.monotonic() - t0)
+        if first:
+            self.readpath.expect(files_listed(dir_path, entries))
+        return listing
+
+    async def relist(self, dir_path: str, since: float) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
+        that finds one in flight waits for it). The listing is returned to a caller that
+        asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as of
+        its start, so no change older than the TTL is missed), even if it expired while it
+        was fetched."""
+        busy = self.relisting.get(dir_path)
+        if busy is not None:
+            await busy.wait()
+            listing = self.listings.latest(dir_path)
+            if listing is None:
+                return None
+            return listing if since - listing.at < self.ttl else None
+        done = self.relisting[dir_path] = trio.Event()
+        try:
+            t0 = time.monotonic()
+            try:
+                entries = await self.origin.list(dir_path, fast=True)
+            except (NotFound, NotADir):
+                self.listings.drop(dir_path)
+                return None
+            self.listings.relists += 1
+            listing = self.put_listing(dir_path, entries, t0)
+            return listing if self.listings.kept(dir_path, listing) else None
+        finally:
+            del self.relisting[dir_path]
+            done.set()
+
+    async def refresh(self, node: Node) -> Entry | None:
+        """Re-read ``node``'s origin entry if it is older than the TTL (None if gone)."""
+        if self.fresh(node):
+            return node.entry
+        path = self.path_of(node)
+        try:
+            if node.entry is not None and node.entry.nlink > 1 and node.kind is not Kind.DIR:
+                # several names: a listing's entry for this one is stale after a change
+                # through another (a link count, a chmod)
+                t0 = time.monotonic()
+                entry = await self.stat(path, fast=True)
+            else:
+                entry, t0 = await self.origin_entry(path)
+        except OriginError as exc:
+            if not exc.transient or node.entry is None:
+                raise
+            # origin unreachable: keep serving what we know (cached data stays readable)
+            log.warning("%s: origin unreachable, using the last known version: %s", path, exc)
+            return node.entry
+        if entry is None:
+            return None
+        if entry.kind is not node.kind:
+            return None  # replaced by another kind of object: the old inode is gone
+        if t0 >= node.fetched:  # else a commit updated the node while we asked
+            node.entry = entry
+            node.fetched = t0
+        return node.entry
