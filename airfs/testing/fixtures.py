@@ -54,6 +54,15 @@ class Volume:
             env=self.spec.env,
         )
 
+    def origin_put(self, rel: str, data: bytes) -> None:
+        """Write ``rel`` at the origin itself (another writer than this mount)."""
+        src = self.tmp / "origin-put.tmp"
+        src.write_bytes(data)
+        try:
+            self.spec.view.put(rel, str(src))
+        finally:
+            src.unlink()
+
     def origin_bytes(self, rel: str) -> bytes:
         e = self.spec.view.stat(rel)
         return self.spec.view.read_range(rel, 0, e.size) if e.size else b""

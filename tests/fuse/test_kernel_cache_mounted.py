@@ -29,13 +29,6 @@ def kernel_transport(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")  # pyfuse3 gives plain TTL timeouts
 
 
-def put(v: Volume, tmp: Path, rel: str, data: bytes) -> None:
-    """Write ``rel`` at the origin itself (another writer than this mount)."""
-    src = tmp / "src.bin"
-    src.write_bytes(data)
-    v.spec.view.put(rel, str(src))
-
-
 def asked(v: Volume) -> int:
     """Lookups and getattrs the daemon answered so far."""
     ops: dict[str, Any] = client.status(str(v.root))["fs"]["ops"]
@@ -48,7 +41,7 @@ def test_stats_after_the_ttl_are_the_kernels_and_origin_changes_are_seen_within_
     v: Volume = make_volume("--ttl", str(TTL))
     v.spec.view.mkdir("d")
     for i in range(N):
-        put(v, tmp_path, f"d/f{i:02d}", b"x")
+        v.origin_put(f"d/f{i:02d}", b"x")
     d = v.root / "d"
     names = sorted(os.listdir(d))
     assert len(names) == N
@@ -70,8 +63,8 @@ def test_stats_after_the_ttl_are_the_kernels_and_origin_changes_are_seen_within_
     kc = client.status(str(v.root))["fs"]["kernel_cache"]
     assert kc["watched"] >= 1 and kc["checks"] >= 2 and kc["dropped"] == 0, kc
     # changed, added and removed at the origin: seen within the TTL, bytes and all
-    put(v, tmp_path, "d/f03", b"changed")
-    put(v, tmp_path, "d/new", b"n")
+    v.origin_put("d/f03", b"changed")
+    v.origin_put("d/new", b"n")
     v.spec.view.delete("d/f04")
     time.sleep(TTL + 0.2)
     assert os.stat(d / "f03").st_size == len(b"changed")
@@ -110,7 +103,7 @@ def test_immutable_names_stay_in_the_kernel_until_airfs_refresh(
     v: Volume = make_volume("--ttl", str(TTL), "--immutable")
     v.spec.view.mkdir("d")
     for i in range(N):
-        put(v, tmp_path, f"d/f{i:02d}", b"x")
+        v.origin_put(f"d/f{i:02d}", b"x")
     d = v.root / "d"
     names = sorted(os.listdir(d))
     for n in names:
@@ -118,7 +111,7 @@ def test_immutable_names_stay_in_the_kernel_until_airfs_refresh(
     time.sleep(1.3 * TTL)
     for n in names:
         os.stat(d / n)
-    put(v, tmp_path, "d/f05", b"changed")
+    v.origin_put("d/f05", b"changed")
     time.sleep(1.3 * TTL)
     a0 = asked(v)
     assert all(os.stat(d / n).st_size == 1 for n in names), "immutable: the first answer"

@@ -29,13 +29,6 @@ def transport(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return str(request.param)
 
 
-def put(v: Volume, tmp: Path, rel: str, data: bytes) -> None:
-    """Write ``rel`` at the origin itself (another writer than this mount)."""
-    src = tmp / "src.bin"
-    src.write_bytes(data)
-    v.spec.view.put(rel, str(src))
-
-
 def counts(v: Volume) -> tuple[int, int, int]:
     """(listings fetched again, origin ``stat`` calls, origin ``list`` calls) so far."""
     s: dict[str, Any] = client.status(str(v.root))
@@ -49,7 +42,7 @@ def test_one_listing_revalidates_a_directory_and_origin_changes_are_seen(
     v: Volume = make_volume("--ttl", "1")
     v.spec.view.mkdir("d")
     for i in range(N):
-        put(v, tmp_path, f"d/f{i:02d}", b"x")
+        v.origin_put(f"d/f{i:02d}", b"x")
     d = v.root / "d"
     names = sorted(os.listdir(d))
     assert len(names) == N
@@ -68,8 +61,8 @@ def test_one_listing_revalidates_a_directory_and_origin_changes_are_seen(
         assert r1 - r0 == 1, "one listing revalidates the directory"
     assert s1 - s0 <= 2, f"names asked one by one: {s1 - s0} stats for {N} names"
     # changed, added and removed at the origin right after that listing
-    put(v, tmp_path, "d/f03", b"changed")
-    put(v, tmp_path, "d/new", b"n")
+    v.origin_put("d/f03", b"changed")
+    v.origin_put("d/new", b"n")
     v.spec.view.delete("d/f04")
     time.sleep(1.2)
     assert os.stat(d / "f03").st_size == len(b"changed")
@@ -105,11 +98,11 @@ def test_immutable_mount_trusts_the_origin_until_airfs_refresh(
     make_volume, transport: str, tmp_path: Path
 ) -> None:  # type: ignore[no-untyped-def]
     v: Volume = make_volume("--ttl", "0.3", "--immutable")
-    put(v, tmp_path, "data.bin", b"v1")
+    v.origin_put("data.bin", b"v1")
     assert (v.root / "data.bin").read_bytes() == b"v1"
     assert "data.bin" in os.listdir(v.root)  # the directory is listed once
-    put(v, tmp_path, "data.bin", b"version 2")  # changed at the origin
-    put(v, tmp_path, "late.bin", b"late")  # and added
+    v.origin_put("data.bin", b"version 2")  # changed at the origin
+    v.origin_put("late.bin", b"late")  # and added
     time.sleep(0.4)
     _, s0, l0 = counts(v)
     for _ in range(3):
