@@ -9,8 +9,15 @@ Every round (``--rounds``, the order of the systems rotating each round) gives e
 fresh mount with an empty cache and measures, cold:
 
 - ``big``: one ``--big-mib`` object read sequentially (1 MiB ``read`` calls), MiB/s;
+- ``four``: ``--four-mib`` objects, 4 of them, read sequentially by 4 threads at once (1 MiB
+  ``read`` calls), MiB/s of all four together (``--four-mib 0`` skips it);
 - ``small``: ``--small`` objects of ``--small-kib`` copied out of the mount with the seed's
   recipe, ``find DIR -type f | xargs -P JOBS -n 32 cp -t DEST``, files/s.
+
+For airfs, ``--cached-p99`` also reads 200 more small objects once (cached), then times
+whole-file reads of them by one thread (open, read, close) for 2 s with nothing else running
+and again during the big object's cold read: p50 and p99 of each, "a cold read never stalls
+other work".
 
 ``raw`` is the same client library airfs uses (obstore): 16 threads of 8 MiB ``get_range`` for
 the big object, ``--jobs`` threads of one GET per small object. The report gives each round's
@@ -36,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -61,6 +69,55 @@ def read_speed(path: Path) -> float:
         return n / MiB / (time.perf_counter() - t0)
     finally:
         os.close(fd)
+
+
+def read_four(paths: list[Path]) -> float:
+    """Read ``paths`` sequentially, one thread each, all at once; MiB/s of all of them."""
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(len(paths)) as ex:
+        n = sum(ex.map(lambda p: read_all(p), paths))
+    return n / MiB / (time.perf_counter() - t0)
+
+
+def read_all(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = 0
+        while chunk := os.read(fd, MiB):
+            n += len(chunk)
+        return n
+    finally:
+        os.close(fd)
+
+
+class CachedReads:
+    """Whole-file reads of cached files by one thread, timed (ms), while ``running``."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self.paths = paths
+        self.times: list[float] = []
+        self.running = True
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        i = 0
+        while self.running:
+            t0 = time.perf_counter()
+            read_all(self.paths[i % len(self.paths)])
+            self.times.append((time.perf_counter() - t0) * 1e3)
+            i += 1
+
+    def __enter__(self) -> CachedReads:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join()
+
+    def p(self, q: float) -> float:
+        xs = sorted(self.times)
+        return xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -119,6 +176,10 @@ def main() -> int:
     ap.add_argument("--big-mib", type=int, default=1024)
     ap.add_argument("--small", type=int, default=2000, help="number of small objects")
     ap.add_argument("--small-kib", type=int, default=150)
+    ap.add_argument("--four-mib", type=int, default=512,
+                    help="size of each of the 4 objects read at once (0: skip that row)")
+    ap.add_argument("--cached-p99", action="store_true",
+                    help="airfs: latency of cached reads alone and during the cold big read")
     ap.add_argument("--jobs", type=int, default=64, help="xargs -P of the copy, raw GET threads")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=",".join(SYSTEMS))
@@ -153,7 +214,12 @@ def main() -> int:
             log(f"{peer} is not installed (apt-get install -y {peer}): skipped")
             systems.remove(peer)
     size = a.big_mib * MiB
-    vals: dict[str, dict[str, list[float]]] = {s: {"big": [], "small": []} for s in systems}
+    vals: dict[str, dict[str, list[float]]] = {
+        s: {"big": [], "four": [], "small": []} for s in systems
+    }
+    #: airfs (--cached-p99): per round, cached whole-file reads' p50/p99 (ms) alone and during
+    #: the cold big read
+    lat: list[dict[str, float]] = []
     #: the airfs daemons' CPU seconds per GiB of the big read (steadier than MiB/s when busy)
     cpu: dict[str, list[float]] = {s: [] for s in systems if s.startswith("airfs")}
     try:
@@ -171,10 +237,23 @@ def main() -> int:
             obstore.put(store, "bench/big.bin", src, use_multipart=True, chunk_size=16 * MiB,
                         max_concurrency=8)  # fmt: skip
             src.unlink()
+            four = [f"bench/four/{i}.bin" for i in range(4)] if a.four_mib else []
+            if four:
+                src4 = work / "four.src"
+                with open(src4, "wb") as f:
+                    chunk = os.urandom(16 * MiB)
+                    for _ in range(max(1, a.four_mib // 16)):
+                        f.write(chunk)
+                for name in four:
+                    obstore.put(store, name, src4, use_multipart=True, chunk_size=16 * MiB,
+                                max_concurrency=8)  # fmt: skip
+                src4.unlink()
+            size4 = max(1, a.four_mib // 16) * 16 * MiB
             payload = os.urandom(a.small_kib * KiB)
             names = [f"bench/small/{i:06d}.bin" for i in range(a.small)]
-            with ThreadPoolExecutor(32) as ex:
-                list(ex.map(lambda n: obstore.put(store, n, payload), names))
+            warm_names = [f"bench/warm/{i:03d}.bin" for i in range(200 if a.cached_p99 else 0)]
+            with ThreadPoolExecutor(32) as ex:  # the warm ones apart: the small row stays cold
+                list(ex.map(lambda n: obstore.put(store, n, payload), names + warm_names))
             pw = work / "s3fs.passwd"
             pw.write_text(f"{srv.access_key}:{srv.secret_key}\n")
             pw.chmod(0o600)
@@ -198,6 +277,15 @@ def main() -> int:
                             range(0, size, 8 * MiB)))  # fmt: skip
                     assert got == size
                     vals[system]["big"].append(size / MiB / (time.perf_counter() - t0))
+                    if four:
+                        ranges = [(n, off) for n in four for off in range(0, size4, 8 * MiB)]
+                        t0 = time.perf_counter()
+                        with ThreadPoolExecutor(16) as ex:
+                            got = sum(ex.map(lambda r: len(obstore.get_range(
+                                store, r[0], start=r[1], length=min(8 * MiB, size4 - r[1]))),
+                                ranges))  # fmt: skip
+                        assert got == 4 * size4
+                        vals[system]["four"].append(got / MiB / (time.perf_counter() - t0))
                     t0 = time.perf_counter()
                     with ThreadPoolExecutor(a.jobs) as ex:
                         list(ex.map(lambda n: bytes(obstore.get(store, n).bytes()), names))
@@ -217,9 +305,26 @@ def main() -> int:
                     @contextlib.contextmanager
                     def airfs_ctx() -> Iterator[None]:
                         try:
+                            if a.cached_p99 and system == "airfs":
+                                warm = sorted((mp / "warm").iterdir())
+                                for p_ in warm:
+                                    read_all(p_)
+                                with CachedReads(warm) as alone:
+                                    time.sleep(2.0)
                             c0 = cpu_seconds(m.pid)
-                            vals[system]["big"].append(read_speed(mp / "big.bin"))
+                            if a.cached_p99 and system == "airfs":
+                                with CachedReads(warm) as during:
+                                    vals[system]["big"].append(read_speed(mp / "big.bin"))
+                                lat.append({"alone_p50": alone.p(0.5), "alone_p99": alone.p(0.99),
+                                            "during_p50": during.p(0.5),
+                                            "during_p99": during.p(0.99),
+                                            "during_n": len(during.times)})  # fmt: skip
+                            else:
+                                vals[system]["big"].append(read_speed(mp / "big.bin"))
                             cpu[system].append((cpu_seconds(m.pid) - c0) / (size / (1 << 30)))
+                            if four:
+                                vals[system]["four"].append(
+                                    read_four([mp / "four" / f"{i}.bin" for i in range(4)]))
                             yield
                         finally:
                             m.umount()
@@ -244,6 +349,9 @@ def main() -> int:
                 with ctx:
                     if system in ("s3fs", "rclone"):
                         vals[system]["big"].append(read_speed(mp / "big.bin"))
+                        if four:
+                            vals[system]["four"].append(
+                                read_four([mp / "four" / f"{i}.bin" for i in range(4)]))
                     vals[system]["small"].append(copy_out(mp / "small", dest, a.jobs, a.small))
 
             for r in range(a.rounds):
@@ -251,7 +359,8 @@ def main() -> int:
                 for s in order:
                     log(f"round {r + 1}: {s}")
                     one(s)
-                    log(f"  big {vals[s]['big'][-1]:,.1f} MiB/s, "
+                    four_s = f"four {vals[s]['four'][-1]:,.1f} MiB/s, " if four else ""
+                    log(f"  big {vals[s]['big'][-1]:,.1f} MiB/s, {four_s}"
                         f"small {vals[s]['small'][-1]:,.1f} files/s")  # fmt: skip
     finally:
         if not a.work:
@@ -263,12 +372,19 @@ def main() -> int:
         if c:
             report += (f"\n{s_} daemon CPU per GiB of the big read: "
                        + ", ".join(f"{x:.2f}" for x in c) + " s\n")  # fmt: skip
+    if lat:
+        report += ("\nairfs, cached 150 KiB whole-file reads by one thread (ms), per round: "
+                   + "; ".join(f"alone p50 {x['alone_p50']:.2f} p99 {x['alone_p99']:.2f}, "
+                               f"during the cold read p50 {x['during_p50']:.2f} "
+                               f"p99 {x['during_p99']:.2f} ({x['during_n']:.0f} reads)"
+                               for x in lat) + "\n")  # fmt: skip
     print(report)
     if a.out:
         a.out.write_text(report)
     if a.json:
         a.json.write_text(json.dumps({"args": {k: str(v) for k, v in vars(a).items()},
-                                      "values": vals, "daemon_cpu_s_per_gib": cpu},
+                                      "values": vals, "daemon_cpu_s_per_gib": cpu,
+                                      "cached_read_ms": lat},
                                      indent=1))  # fmt: skip
     return 0
 
@@ -282,15 +398,16 @@ def chart(vals: dict[str, dict[str, list[float]]], path: Path, label: str) -> No
     import matplotlib.pyplot as plt
 
     names = list(vals)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for ax, (key, title) in zip(
-        axes, (("big", "one big object, cold sequential (MiB/s)"),
-               ("small", "small files, find | xargs cp (files/s)")), strict=True
-    ):  # fmt: skip
-        meds = [statistics.median(vals[n][key]) if vals[n][key] else 0.0 for n in names]
+    panels = [("big", "one big object, cold sequential (MiB/s)")]
+    if any(vals[n].get("four") for n in names):
+        panels.append(("four", "4 objects, 4 readers at once (MiB/s)"))
+    panels.append(("small", "small files, find | xargs cp (files/s)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4))
+    for ax, (key, title) in zip(axes, panels, strict=True):
+        meds = [statistics.median(vals[n].get(key) or [0.0]) for n in names]
         ax.bar(names, meds, color=["#2a7" if n == "airfs" else "#999" for n in names])
         for i, n in enumerate(names):
-            ax.plot([i] * len(vals[n][key]), vals[n][key], "k.", markersize=5)
+            ax.plot([i] * len(vals[n].get(key, [])), vals[n].get(key, []), "k.", markersize=5)
         ax.set_title(title, fontsize=10)
         ax.tick_params(axis="x", labelrotation=20)
     fig.suptitle(f"issue 23, cold reads from S3 (SeaweedFS, loopback); {label}", fontsize=10)
@@ -304,10 +421,10 @@ def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> st
     out = [f"{a.label}; {a.rounds} interleaved rounds; SeaweedFS on the same cores.", "",
            "| cold, fresh mount | " + " | ".join(vals) + " |",
            "| --- |" + " ---: |" * len(vals)]  # fmt: skip
-    rows = (
-        ("big", f"one {a.big_mib} MiB object, sequential (MiB/s)"),
-        ("small", f"{a.small} x {a.small_kib} KiB, find | xargs -P {a.jobs} cp (files/s)"),
-    )
+    rows = [("big", f"one {a.big_mib} MiB object, sequential (MiB/s)")]
+    if any(d.get("four") for d in vals.values()):
+        rows.append(("four", f"4 x {a.four_mib} MiB objects, 4 readers at once (MiB/s)"))
+    rows.append(("small", f"{a.small} x {a.small_kib} KiB, find | xargs -P {a.jobs} cp (files/s)"))
     for key, title in rows:
         out.append(f"| {title} | " + " | ".join(
             f"{med[s].get(key, float('nan')):,.1f}" for s in vals) + " |")  # fmt: skip
@@ -320,13 +437,16 @@ def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> st
             for s in vals:
                 if s == "airfs":
                     continue
-                rs = [x / y for x, y in zip(vals["airfs"][key], vals[s][key], strict=False) if y]
+                mine, theirs = vals["airfs"].get(key, []), vals[s].get(key, [])
+                rs = [x / y for x, y in zip(mine, theirs, strict=False) if y]
                 cells.append(f"{statistics.median(rs):.2f}x" if rs else "-")
             out.append(f"| {key} | " + " | ".join(cells) + " |")
     out += ["", "Samples:", ""]
     for s, d in vals.items():
-        out.append(f"- {s}: big " + ", ".join(f"{x:,.1f}" for x in d["big"]) + "; small "
-                   + ", ".join(f"{x:,.1f}" for x in d["small"]))  # fmt: skip
+        out.append(f"- {s}: big " + ", ".join(f"{x:,.1f}" for x in d["big"])
+                   + ("; four " + ", ".join(f"{x:,.1f}" for x in d["four"]) if d.get("four")
+                      else "")
+                   + "; small " + ", ".join(f"{x:,.1f}" for x in d["small"]))  # fmt: skip
     return "\n".join(out) + "\n"
 
 
