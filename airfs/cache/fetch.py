@@ -16,7 +16,9 @@ and readers wait on ``part.done`` and are served from ``part.data``. Kinds:
     :meth:`Fetcher.adopt`: copied from a local file, no origin read.
 
 Each part reads the origin in a worker thread (within the origin's limiter; transient errors
-are retried by :meth:`~airfs.origin.aio.AsyncOrigin.call`, backing off on the loop) which also
+are retried by :meth:`~airfs.origin.aio.AsyncOrigin.call`, backing off on the loop; where the
+origin has ``buffer_reads``, as a view of its client's buffer: no copy made with the GIL held,
+which the trio loop would wait for) which also
 checksums the bytes (once: the checksums committed are those of the bytes served) and, for a
 part of at most :data:`INLINE_WRITE_MAX` bytes, writes them into the cache file. A bigger part
 answers its waiting reads from its buffer as soon as it is checked (``done``), and a second
@@ -114,7 +116,7 @@ class Part:
         self.started = False
         self.done = trio.Event()
         self.stored = trio.Event()
-        self.data: bytes | None = None
+        self.data: bytes | memoryview | None = None
         self.error: BaseException | None = None
 
     def abandoned(self) -> bool:
@@ -310,12 +312,18 @@ class Fetcher:
         create: str,
         size: int,
         store: bool,
-    ) -> tuple[bytes, array[int] | None, int]:
+    ) -> tuple[bytes | memoryview, array[int] | None, int]:
         """Worker thread, one attempt: read a range from the origin and checksum it; with
         ``store``, write it into the cache file too — ``fd``, or a new file at ``create`` (of
         ``size`` bytes) whose descriptor is returned. The checksums are None when the bytes
         are not to be stored (neither ``fd`` nor ``create``, or the write failed)."""
-        data = self._origin.sync.read_range(path, start, n, version)
+        sync = self._origin.sync
+        # a view of the client's buffer where the origin has one: no copy into a bytes
+        data: bytes | memoryview = (
+            sync.read_range_buffer(path, start, n, version)  # type: ignore[attr-defined]
+            if sync.capabilities.buffer_reads
+            else sync.read_range(path, start, n, version)
+        )
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
         new_fd = -1
@@ -334,7 +342,7 @@ class Fetcher:
         return data, crcs, new_fd
 
     @staticmethod
-    def _write_job(path: str, fd: int, data: bytes, start: int) -> bool:
+    def _write_job(path: str, fd: int, data: bytes | memoryview, start: int) -> bool:
         """Worker thread: write checked bytes into the cache file; False if that failed."""
         try:
             allocate(fd, start, len(data))

@@ -212,7 +212,10 @@ class Capabilities:
       names, a change through one name is seen through the others);
     * ``link_copies``: ``link`` is an atomic create-if-absent copy (S3): EEXIST when the new
       name exists, each name an independent file afterwards (nlink 1);
-    * ``special_files``: ``mknod`` creates FIFOs and sockets (and device nodes).
+    * ``special_files``: ``mknod`` creates FIFOs and sockets (and device nodes);
+    * ``buffer_reads``: ``read_range_buffer(path, offset, size, version)`` returns what
+      ``read_range`` would, as a read-only buffer (``memoryview``) over the client's own
+      memory, without copying it into a ``bytes`` (the block cache's fetches use it).
     """
 
     pin: bool = False
@@ -226,6 +229,7 @@ class Capabilities:
     hard_links: bool = False
     link_copies: bool = False
     special_files: bool = False
+    buffer_reads: bool = False
 
 
 @runtime_checkable

@@ -15,6 +15,7 @@ It counts ``calls`` per operation and ``bytes_read``, like
 from __future__ import annotations
 
 import collections
+import dataclasses
 import os
 import threading
 import time
@@ -120,7 +121,7 @@ class LatencyOrigin:
 
     @property
     def capabilities(self) -> Capabilities:
-        return self.inner.capabilities
+        return dataclasses.replace(self.inner.capabilities, buffer_reads=False)
 
     def check_name(self, path: str) -> None:
         self.inner.check_name(path)

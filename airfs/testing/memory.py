@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import builtins
 import collections
+import dataclasses
 import errno
 import itertools
 import threading
@@ -320,6 +321,8 @@ class FaultyOrigin:
         self.fail: dict[str, Callable[[], OriginError]] = {}
 
     def __getattr__(self, name: str) -> object:
+        if name == "capabilities":  # reads it cannot fault are not passed on
+            return dataclasses.replace(self.inner.capabilities, buffer_reads=False)
         target = getattr(self.inner, name)
         if not callable(target):
             return target

@@ -17,7 +17,8 @@ fresh mount with an empty cache and measures, cold:
 For airfs, ``--cached-p99`` also reads 200 more small objects once (cached), then times
 whole-file reads of them by one thread (open, read, close) for 2 s with nothing else running
 and again during the big object's cold read: p50 and p99 of each, "a cold read never stalls
-other work".
+other work"; a second thread reads copies of the same files from the local disk at the same
+time, the control (what the machine's load alone does to a read's latency).
 
 ``raw`` is the same client library airfs uses (obstore): 16 threads of 8 MiB ``get_range`` for
 the big object, ``--jobs`` threads of one GET per small object. The report gives each round's
@@ -307,18 +308,27 @@ def main() -> int:
                         try:
                             if a.cached_p99 and system == "airfs":
                                 warm = sorted((mp / "warm").iterdir())
+                                # the control: the same files on the local disk, read by a
+                                # second thread at the same time (what the machine's load
+                                # alone does to a read's latency)
+                                local_dir = work / "warm-local"
+                                local_dir.mkdir(exist_ok=True)
                                 for p_ in warm:
-                                    read_all(p_)
-                                with CachedReads(warm) as alone:
+                                    (local_dir / p_.name).write_bytes(p_.read_bytes())
+                                local = sorted(local_dir.iterdir())
+                                with CachedReads(warm) as alone, CachedReads(local) as l_alone:
                                     time.sleep(2.0)
                             c0 = cpu_seconds(m.pid)
                             if a.cached_p99 and system == "airfs":
-                                with CachedReads(warm) as during:
+                                with CachedReads(warm) as during, CachedReads(local) as l_during:
                                     vals[system]["big"].append(read_speed(mp / "big.bin"))
                                 lat.append({"alone_p50": alone.p(0.5), "alone_p99": alone.p(0.99),
                                             "during_p50": during.p(0.5),
                                             "during_p99": during.p(0.99),
-                                            "during_n": len(during.times)})  # fmt: skip
+                                            "during_n": len(during.times),
+                                            "local_alone_p99": l_alone.p(0.99),
+                                            "local_during_p50": l_during.p(0.5),
+                                            "local_during_p99": l_during.p(0.99)})  # fmt: skip
                             else:
                                 vals[system]["big"].append(read_speed(mp / "big.bin"))
                             cpu[system].append((cpu_seconds(m.pid) - c0) / (size / (1 << 30)))
@@ -376,7 +386,10 @@ def main() -> int:
         report += ("\nairfs, cached 150 KiB whole-file reads by one thread (ms), per round: "
                    + "; ".join(f"alone p50 {x['alone_p50']:.2f} p99 {x['alone_p99']:.2f}, "
                                f"during the cold read p50 {x['during_p50']:.2f} "
-                               f"p99 {x['during_p99']:.2f} ({x['during_n']:.0f} reads)"
+                               f"p99 {x['during_p99']:.2f} ({x['during_n']:.0f} reads); "
+                               f"the same files on the local disk, read at the same time: "
+                               f"alone p99 {x['local_alone_p99']:.2f}, during p50 "
+                               f"{x['local_during_p50']:.2f} p99 {x['local_during_p99']:.2f}"
                                for x in lat) + "\n")  # fmt: skip
     print(report)
     if a.out:

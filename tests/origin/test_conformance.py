@@ -171,6 +171,24 @@ def test_read_with_old_version_conflicts(case: Case, origin: Origin) -> None:
     assert origin.read_range("v.bin", 0, 6) == b"twotwo"
 
 
+def test_read_range_buffer_is_read_range_without_the_copy(case: Case, origin: Origin) -> None:
+    """``Capabilities.buffer_reads``: the same bytes and errors as ``read_range``, as a view
+    of the client's buffer (the block cache's fetches hold no GIL to copy 8 MiB parts)."""
+    if not origin.capabilities.buffer_reads:
+        pytest.skip(f"{case.name}: no buffer reads")
+    data = bytes(range(256)) * 40
+    v1 = case.put_bytes("b.bin", data).version
+    got = origin.read_range_buffer("b.bin", 100, 1000, v1)  # type: ignore[attr-defined]
+    assert isinstance(got, memoryview) and got.readonly and bytes(got) == data[100:1100]
+    past = origin.read_range_buffer("b.bin", len(data) + 1, 9, v1)  # type: ignore[attr-defined]
+    assert bytes(past) == b""
+    case.put_bytes("b.bin", b"two" * 50)
+    with pytest.raises(Conflict):
+        origin.read_range_buffer("b.bin", 0, 10, v1)  # type: ignore[attr-defined]
+    with pytest.raises(NotFound):
+        origin.read_range_buffer("missing", 0, 10)  # type: ignore[attr-defined]
+
+
 # -- put ---------------------------------------------------------------------------------------
 
 

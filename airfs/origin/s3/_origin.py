@@ -282,6 +282,7 @@ class S3Origin:
             md5_etag=True,
             owners=True,
             link_copies=True,
+            buffer_reads=True,
         )
 
     def save_known(self, file: str) -> int:
@@ -314,6 +315,12 @@ class S3Origin:
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         return self.reads.read_range(path, offset, size, version)
+
+    def read_range_buffer(
+        self, path: str, offset: int, size: int, version: str | None = None
+    ) -> memoryview:
+        """See ``Capabilities.buffer_reads``."""
+        return self.reads.read_range_buffer(path, offset, size, version)
 
     def readlink(self, path: str) -> str:
         return self.reads.readlink(path)
