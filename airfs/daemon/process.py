@@ -81,8 +81,10 @@ def mount_device(mountpoint: str) -> str | None:
         return found
 
 
-def raise_read_ahead(mountpoint: str, kb: int) -> bool:
-    """Raise the mount's kernel readahead so sequential reads arrive as 1 MiB requests."""
+def raise_read_ahead(mountpoint: str, kb: int) -> bool | None:
+    """Raise the mount's kernel readahead so sequential reads arrive as 1 MiB requests: True
+    when it is; False when it may be later (the mount is not in mountinfo yet, or the kernel
+    set it back); None when it cannot be (not root, a read-only ``/sys``: logged once)."""
     dev = mount_device(mountpoint)
     if dev is None:
         return False
@@ -92,9 +94,11 @@ def raise_read_ahead(mountpoint: str, kb: int) -> bool:
             f.write(str(kb))
         with open(path, encoding="ascii") as f:
             return int(f.read()) == kb
+    except FileNotFoundError:
+        return False
     except OSError as exc:
         log.info("could not raise %s to %d: %s", path, kb, exc)
-        return False
+        return None
 
 
 #: the longest the mount's readiness waits for its readahead to be raised (seconds)
@@ -319,10 +323,11 @@ async def _raise_read_ahead(d: Daemon, initialized: trio.Event, done: trio.Event
         first = 0.0 if d.cfg.fuse == "kernel" else 0.05
         for attempt in range(20):
             await trio.sleep(first if attempt == 0 else 0.05)
-            d.read_ahead = await trio.to_thread.run_sync(
+            raised = await trio.to_thread.run_sync(
                 raise_read_ahead, d.cfg.mountpoint, d.cfg.read_ahead_kb
             )
-            if d.read_ahead:
+            d.read_ahead = bool(raised)
+            if raised is not False:  # raised, or it cannot be (a user's mount): no retry
                 return
     finally:
         done.set()

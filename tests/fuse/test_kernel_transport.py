@@ -182,6 +182,9 @@ def test_non_root_mount_through_fusermount3(user: pwd.struct_passwd) -> None:
         status = json.loads(st.stdout)
         pid = int(status["pid"])
         assert status["fuse"]["transport"] == "kernel" and not status["fuse"]["passthrough"]
+        # a user cannot raise the readahead: tried once (the mount waits for it), not retried
+        assert status["read_ahead_kb"] is None
+        assert (base / "cache" / "airfs.log").read_text().count("could not raise") == 1
         r = _as(user, [sys.executable, "-c", SCRIPT, mnt], env)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout) == ["d", "seed.txt"]
