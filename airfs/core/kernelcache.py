@@ -103,8 +103,11 @@ class Invalidator(Protocol):
     wait for a lock held by a request the daemon has yet to answer, so the transport writes
     them from a thread of its own)."""
 
-    def entry(self, parent: int, name: str) -> None:
-        """Drop the entry ``name`` of directory inode ``parent``."""
+    def entry(self, parent: int, name: str, *, expire: bool = False) -> None:
+        """Drop the entry ``name`` of directory inode ``parent``; with ``expire``, only end
+        its validity where the kernel can (it asks again at the next use and keeps the inode,
+        so a file that did not change keeps its number; a full drop evicts an inode nobody
+        holds open, and the next lookup numbers the file anew)."""
 
     def inode(self, ino: int, *, pages: bool) -> None:
         """Drop the attributes of ``ino`` (and its cached pages, with ``pages``)."""
@@ -305,7 +308,7 @@ class KernelCache:
             parent, _, name = p.rpartition("/")
             pnode = inodes.at(parent)
             if pnode is not None:
-                inv.entry(pnode.ino, name)
+                inv.entry(pnode.ino, name, expire=True)  # asked again; not known changed
             inv.inode(node.ino, pages=pages)
             n += 1
         return n
@@ -449,7 +452,7 @@ class KernelCache:
             return
         for node in self.core.inodes.children(path):
             if node.lookups > 0 and node.path is not None:
-                inv.entry(dnode.ino, node.path.rpartition("/")[2])
+                inv.entry(dnode.ino, node.path.rpartition("/")[2], expire=True)
                 inv.inode(node.ino, pages=False)
 
     def statistics(self) -> KernelCacheStats:

@@ -119,3 +119,27 @@ def test_immutable_names_stay_in_the_kernel_until_airfs_refresh(
     subprocess.run([*airfs_cmd(), "refresh", str(d)], check=True, capture_output=True)
     assert os.stat(d / "f05").st_size == len(b"changed")
     assert (d / "f05").read_bytes() == b"changed"
+
+
+def test_a_file_keeps_its_inode_number_when_the_kernel_is_told_to_ask_again(
+    make_volume, tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    """Telling the kernel to ask again about names it holds (``airfs refresh``, a lease
+    dropped by a late check, a take-over) must not renumber files that did not change. A full
+    ``INVAL_ENTRY`` unhashes the name: the kernel evicts the inode, forgets it, and the next
+    lookup is given a new number, so a tool between its ``stat`` and its ``open`` sees another
+    file (``cp``: "skipping file ..., as it was replaced while being copied", met copying 2,000
+    cold files while a late check dropped a lease). Such names are now only expired."""
+    v: Volume = make_volume("--ttl", str(TTL))
+    v.spec.view.mkdir("d")
+    for i in range(N):
+        v.origin_put(f"d/f{i:02d}", b"x")
+    v.origin_put("d/f05", b"version 1")
+    d = v.root / "d"
+    before = {n: os.stat(d / n).st_ino for n in sorted(os.listdir(d))}
+    subprocess.run([*airfs_cmd(), "refresh", str(d)], check=True, capture_output=True)
+    v.origin_put("d/f05", b"version 2, longer")  # changed at the origin meanwhile
+    time.sleep(0.2)  # the notifications are written by a thread of their own
+    after = {n: os.stat(d / n).st_ino for n in before}
+    assert after == before, "the same files, the same numbers"
+    assert (d / "f05").read_bytes() == b"version 2, longer"  # refresh still shows the change

@@ -30,7 +30,7 @@ class Recorder:
     def __init__(self) -> None:
         self.sent: list[tuple[str, int, Any]] = []
 
-    def entry(self, parent: int, name: str) -> None:
+    def entry(self, parent: int, name: str, *, expire: bool = False) -> None:
         self.sent.append(("entry", parent, name))
 
     def inode(self, ino: int, *, pages: bool) -> None:

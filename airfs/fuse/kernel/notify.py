@@ -28,16 +28,20 @@ class Notifier:
     """Writes invalidations to ``fd`` from a daemon thread (started at once); ``close``
     stops it. ``send(code, payload)`` writes one (the session's :meth:`notify`)."""
 
-    def __init__(self, send: Callable[[int, bytes], bool]) -> None:
+    def __init__(self, send: Callable[[int, bytes], bool], *, expire_only: bool = False) -> None:
         self._send = send
+        #: the kernel can expire a name without dropping its inode (``HAS_EXPIRE_ONLY``)
+        self.expire_only = expire_only
         self._q: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self.sent = 0
         self.refused = 0
         self._thread = threading.Thread(target=self._run, name="airfs-notify", daemon=True)
         self._thread.start()
 
-    def entry(self, parent: int, name: str) -> None:
-        self._q.put((proto.NOTIFY_INVAL_ENTRY_CODE, proto.inval_entry(parent, os.fsencode(name))))
+    def entry(self, parent: int, name: str, *, expire: bool = False) -> None:
+        flags = proto.EXPIRE_ONLY if expire and self.expire_only else 0
+        payload = proto.inval_entry(parent, os.fsencode(name), flags)
+        self._q.put((proto.NOTIFY_INVAL_ENTRY_CODE, payload))
 
     def inode(self, ino: int, *, pages: bool) -> None:
         payload = proto.inval_inode(ino) if pages else proto.inval_inode(ino, -1, 0)

@@ -379,5 +379,10 @@ def inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:
     return NOTIFY_INVAL_INODE.pack(ino, off, length)
 
 
-def inval_entry(parent: int, name_b: bytes) -> bytes:
-    return NOTIFY_INVAL_ENTRY.pack(parent, len(name_b), 0) + name_b + b"\0"
+#: ``fuse_notify_inval_entry_out.flags``: only expire the name (the kernel asks again at its
+#: next use, keeping the inode), where the kernel offers ``HAS_EXPIRE_ONLY`` (Linux 6.2)
+EXPIRE_ONLY = 1 << 0
+
+
+def inval_entry(parent: int, name_b: bytes, flags: int = 0) -> bytes:
+    return NOTIFY_INVAL_ENTRY.pack(parent, len(name_b), flags) + name_b + b"\0"

@@ -250,7 +250,7 @@ class Session:
         )
         self._handlers = self.handlers.table()
         if self.notifier is None:
-            self.notifier = Notifier(self.notify)
+            self.notifier = Notifier(self.notify, expire_only="HAS_EXPIRE_ONLY" in neg.offered)
             self.fs.kernel.attach(self.notifier)
 
     def _read_ready(self) -> list[bytes]:
