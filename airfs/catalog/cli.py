@@ -19,6 +19,7 @@ from typing import Any
 from .commands import TYPES
 from .model import CatalogError, Privilege, check_location, parse_privilege, who
 from .table import check_format
+from .tablecmds import parse_flag
 
 DEFAULT_MOUNT = "/Volumes"
 _PRIVS = ", ".join(f"'{p.value}'" for p in Privilege)
@@ -82,12 +83,10 @@ def _word(word: str) -> Any:
 
 
 def _boolean(text: str) -> bool:
-    low = text.strip().lower()
-    if low in ("true", "yes", "on", "1"):
-        return True
-    if low in ("false", "no", "off", "0"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    try:
+        return bool(parse_flag(text))
+    except CatalogError:
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}") from None
 
 
 def _location(text: str) -> str:

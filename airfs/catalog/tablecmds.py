@@ -202,7 +202,7 @@ def describe(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
 
 def update(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     kind, names = typed(args)
-    immutable = _flag(args.get("immutable"))
+    immutable = parse_flag(args.get("immutable"))
     if args.get("comment") is None and not args.get("owner") and immutable is None:
         raise CatalogError("update: nothing to change (comment, owner, immutable)")
     if immutable is not None and kind != "volume":
@@ -223,8 +223,9 @@ def update(meta: Metastore, w: Who, args: dict[str, Any]) -> Result:
     return meta, _securable_info(meta, w, kind, names, obj)
 
 
-def _flag(value: Any) -> bool | None:
-    """A boolean argument as the CLI, the control socket or JSON carries it (None: absent)."""
+def parse_flag(value: Any) -> bool | None:
+    """A boolean argument as the CLI, the control socket or JSON carries it (None: absent);
+    :class:`CatalogError` for anything but true/false (yes/no, on/off, 1/0)."""
     if value is None or isinstance(value, bool):
         return value
     text = str(value).strip().lower()
