@@ -441,6 +441,9 @@ class CachedReadPath:
             index_pending=t.pending(),
             index_flushes=s.index_flushes,
             index_map_loads=s.index_map_loads,
+            direct_write_bytes=self._fetcher.direct_write_bytes,
+            kept_bytes=self._fetcher.held_bytes,
+            kept_hit_bytes=s.kept_hit_bytes,
         )
 
     async def flush(self) -> None:
@@ -462,6 +465,7 @@ class CachedReadPath:
 
     def reader_closed(self, reader: CachedReader) -> None:
         obj = reader.obj
+        self._fetcher.release_reader(reader)
         obj.readers.discard(reader)
         self._readers.discard(reader)
         st = reader.stream

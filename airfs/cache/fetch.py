@@ -41,6 +41,7 @@ import trio
 
 from ..origin.aio import AsyncOrigin
 from ..origin.base import Conflict, OriginError
+from .direct import DirectWriter
 from .files import punches_done
 from .objects import ObjectTable
 from .prefetch import ByteBudget, split_runs
@@ -63,6 +64,10 @@ __all__ = ["INLINE_WRITE_MAX", "FetchKind", "Fetcher", "Part"]
 #: (one thread round trip); bigger ones are answered from memory first and written by a second
 #: job (the write of 8 MiB costs more than the extra round trip)
 INLINE_WRITE_MAX = 1 << 20
+
+#: Bounce buffers of the parts' ``O_DIRECT`` writes (of ``part_size`` each; write jobs beyond
+#: this many wait for one)
+DIRECT_BUFFERS = 8
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +96,7 @@ class Part:
         "end",
         "epoch",
         "error",
+        "held",
         "kind",
         "needed",
         "obj",
@@ -118,6 +124,7 @@ class Part:
         self.stored = trio.Event()
         self.data: bytes | memoryview | None = None
         self.error: BaseException | None = None
+        self.held = False  # stored, its buffer kept for its reader (in ``obj.held``)
 
     def abandoned(self) -> bool:
         """A prefetch whose reader closed or moved elsewhere before it started."""
@@ -152,6 +159,10 @@ class Fetcher:
         self.part_blocks = max(1, part_size // table.block_size)
         self.budget = ByteBudget(inflight_budget)
         self._parallel = trio.CapacityLimiter(max_parallel)
+        self._direct = DirectWriter(part_size, DIRECT_BUFFERS)
+        self._held_max = inflight_budget // 2
+        self.held_bytes = 0
+        self._held: dict[int, Part] = {}  # id -> part kept (a few dozen at most)
         self._nursery: trio.Nursery | None = None
 
     async def run(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -276,6 +287,8 @@ class Fetcher:
                 mark = PREFETCHED if part.kind is FetchKind.PREFETCH else PRESENT
                 t.commit(obj, part.b0, part.b1, crcs, mark)
                 reserved = 0
+                if write_later and self._holds(part, n):
+                    acquired = 0  # the budget goes with the buffer: release_held
             else:
                 s.uncached_bytes += n
             # a warmed part that is stored is not kept in memory: later reads take the file
@@ -301,6 +314,53 @@ class Fetcher:
             part.done.set()
             part.stored.set()
             t.maybe_release(obj)
+
+    def _holds(self, part: Part, n: int) -> bool:
+        """Keep the buffer of the stored prefetch ``part`` (``n`` bytes, within the in-flight
+        budget) for its reader, who is about to read it: its blocks are then served from
+        memory, not read back from the cache file (whose pages the direct write did not
+        fill). At most half the budget is held; False when this part is not."""
+        r = part.reader
+        if part.kind is not FetchKind.PREFETCH or r is None or r.closed:
+            return False
+        passed = r.stream.last_offset
+        for p in [p for p in self._held.values() if p.reader is r and p.end <= passed]:
+            self.release_held(p)  # read past without reading its end (or it skipped ahead)
+        if r.stream.last_end >= part.end or self.held_bytes + n > self._held_max:
+            return False  # read while in flight: nobody is about to read it
+        part.held = True
+        self.held_bytes += n
+        self._held[id(part)] = part
+        held = part.obj.held
+        for b in range(part.b0, part.b1):
+            held[b] = part
+        return True
+
+    @property
+    def direct_write_bytes(self) -> int:
+        """Bytes written into cache files with ``O_DIRECT`` so far."""
+        return self._direct.direct_bytes
+
+    def release_held(self, part: Part) -> None:
+        """Stop keeping ``part``'s buffer (read to its end, or its reader closed): its
+        blocks are read from the cache file again and its budget is given back."""
+        if not part.held:
+            return
+        part.held = False
+        del self._held[id(part)]
+        held = part.obj.held
+        for b in range(part.b0, part.b1):
+            if held.get(b) is part:
+                del held[b]
+        n = part.end - part.start
+        self.held_bytes -= n
+        self.budget.release(n)
+        part.data = None
+
+    def release_reader(self, reader: CachedReader) -> None:
+        """Release every buffer kept for ``reader`` (it closed)."""
+        for p in [p for p in self._held.values() if p.reader is reader]:
+            self.release_held(p)
 
     def _fetch_job(
         self,
@@ -341,12 +401,12 @@ class Fetcher:
             return data, None, new_fd
         return data, crcs, new_fd
 
-    @staticmethod
-    def _write_job(path: str, fd: int, data: bytes | memoryview, start: int) -> bool:
-        """Worker thread: write checked bytes into the cache file; False if that failed."""
+    def _write_job(self, path: str, fd: int, data: bytes | memoryview, start: int) -> bool:
+        """Worker thread: write checked bytes into the cache file (bypassing the page cache
+        where it can: :mod:`airfs.cache.direct`); False if that failed."""
         try:
             allocate(fd, start, len(data))
-            write_all(fd, data, start)
+            self._direct.write(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)
             return False

@@ -63,7 +63,7 @@ class HitReader:
         if bad:
             self._table.corrupt(obj, bad)
             return False
-        self._count(obj, s, e)
+        self.count(obj, s, e)
         return bytes(buf[s - a : e - a])
 
     async def thread(self, obj: CachedObject, s: int, e: int) -> bytes | bool:
@@ -90,10 +90,11 @@ class HitReader:
         if obj.have is None or obj.have.find(0, s // self._bs, (e - 1) // self._bs + 1) >= 0:
             return False  # evicted while we read (the checksums passed: the bytes were right,
             # but plan again rather than reason about it)
-        self._count(obj, s, e)
+        self.count(obj, s, e)
         return data if (a == s and z == e) else data[s - a : e - a]
 
-    def _count(self, obj: CachedObject, s: int, e: int) -> None:
+    def count(self, obj: CachedObject, s: int, e: int) -> None:
+        """Count ``[s, e)`` as served from the cache (its prefetched blocks: read once)."""
         self._stats.hit_bytes += e - s
         have = obj.have
         assert have is not None

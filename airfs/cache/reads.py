@@ -73,7 +73,7 @@ class ReadPlanner:
         b0, b1 = off // bs, (end - 1) // bs + 1
         have = obj.have
         assert have is not None
-        if span is None and have.find(0, b0, b1) < 0:
+        if span is None and not obj.held and have.find(0, b0, b1) < 0:
             data = self._hits.inline(obj, off, end)
             if data is None:
                 data = await self._hits.thread(obj, off, end)
@@ -87,6 +87,10 @@ class ReadPlanner:
             pieces: list[bytes | memoryview] = []
             for s, e, part in segments:
                 if part is None:
+                    if obj.held:
+                        s = self._from_held(obj, s, e, pieces)
+                        if s >= e:
+                            continue
                     got = self._hits.inline(obj, s, e)
                     if got is None:
                         got = await self._hits.thread(obj, s, e)
@@ -110,6 +114,27 @@ class ReadPlanner:
                     return pieces[0]
                 return b"".join(pieces)
         raise OriginError(f"{obj.path}: cache read keeps failing", errno.EIO)
+
+    def _from_held(
+        self, obj: CachedObject, s: int, e: int, pieces: list[bytes | memoryview]
+    ) -> int:
+        """Serve the longest prefix of the cached run ``[s, e)`` that kept buffers hold
+        (:meth:`Fetcher.release_held`) into ``pieces``; a buffer read to its end is let go.
+        Returns where the prefix ends (``s``: none held)."""
+        held, bs = obj.held, self._bs
+        while s < e:
+            part = held.get(s // bs)
+            if part is None:
+                break
+            m = min(e, part.end)
+            assert part.data is not None
+            pieces.append(memoryview(part.data)[s - part.start : m - part.start])
+            self._hits.count(obj, s, m)
+            self.stats.kept_hit_bytes += m - s
+            if m >= part.end:
+                self._fetcher.release_held(part)
+            s = m
+        return s
 
     def plan(
         self, obj: CachedObject, off: int, end: int, b0: int, b1: int

@@ -26,6 +26,7 @@ class Counters:
         "hit_bytes",
         "index_flushes",
         "index_map_loads",
+        "kept_hit_bytes",
         "miss_bytes",
         "origin_bytes_read",
         "origin_requests",
@@ -47,6 +48,7 @@ class Counters:
     hit_bytes: int
     index_flushes: int
     index_map_loads: int
+    kept_hit_bytes: int
     miss_bytes: int
     origin_bytes_read: int
     origin_requests: int
@@ -95,6 +97,11 @@ class CacheStatistics:
     ``index_flushes`` (index transactions), ``index_map_loads`` (worker-thread jobs that
     loaded block maps from the index: the first use of each cached object after a start,
     those asked at once loaded together).
+
+    Cold sequential reads (:mod:`airfs.cache.direct`): ``direct_write_bytes`` (parts written
+    into cache files bypassing the page cache), ``kept_bytes`` (now: stored prefetched parts
+    whose buffers are kept for their reader, within ``inflight_bytes``), ``kept_hit_bytes``
+    (served from those buffers, also counted in ``hit_bytes``).
     """
 
     cache_dir: str
@@ -132,6 +139,9 @@ class CacheStatistics:
     index_pending: int
     index_flushes: int
     index_map_loads: int = 0
+    direct_write_bytes: int = 0
+    kept_bytes: int = 0
+    kept_hit_bytes: int = 0
     kind: Literal["cached"] = "cached"
 
     def to_dict(self) -> dict[str, Any]:

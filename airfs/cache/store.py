@@ -84,6 +84,7 @@ class CachedObject:
         "file_created",
         "gen",
         "have",
+        "held",
         "inflight",
         "io",
         "key",
@@ -138,6 +139,9 @@ class CachedObject:
         self.passed_through = False
         self.readers: set[Any] = set()
         self.inflight: dict[int, Any] = {}
+        #: blocks stored and committed whose fetched buffer is still kept for their reader
+        #: (block -> part, see :meth:`airfs.cache.fetch.Fetcher.release_held`)
+        self.held: dict[int, Any] = {}
         self.dead = False
         #: the origin no longer has this version at this path (deleted, renamed away,
         #: replaced): forgotten as soon as nobody uses it (see ObjectTable.discard_path)

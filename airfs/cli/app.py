@@ -215,6 +215,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="testing/benchmarks: cap origin transfer at SIZE bytes/s (e.g. 100M)",
     )
     m.add_argument(
+        "--emulate-request-size",
+        type=positive_size,
+        default=None,
+        metavar="SIZE",
+        help="testing/benchmarks: a read pays --emulate-latency once per SIZE bytes, one "
+        "request after the other, as an NFS client with rsize=SIZE does (e.g. 128K)",
+    )
+    m.add_argument(
         "--timeout",
         type=positive_seconds,
         default=60.0,

@@ -75,6 +75,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         rebuild_cache=args.rebuild_cache,
         emulate_latency=args.emulate_latency,
         emulate_bandwidth=args.emulate_bandwidth,
+        emulate_request_size=args.emulate_request_size,
         fuse=args.fuse,
         passthrough=not args.no_passthrough,
         rebuild_journal=args.rebuild_journal,

@@ -55,6 +55,8 @@ class MountConfig:
     #: benchmarking/testing: emulate a remote origin (seconds per request, bytes/s)
     emulate_latency: float = 0.0
     emulate_bandwidth: int | None = None
+    #: with ``emulate_latency``: a read pays it once per this many bytes, in a row (NFS rsize)
+    emulate_request_size: int | None = None
     #: how requests reach the core: "pyfuse3" (libfuse) or "kernel" (airfs's own transport)
     fuse: str = DEFAULT_TRANSPORT
     #: kernel transport: FUSE passthrough of local bytes when the kernel and CAP_SYS_ADMIN allow

@@ -30,7 +30,9 @@ def open_origin(cfg: MountConfig, overlay_fd: int | None) -> Origin:
     Raises :class:`MountError`."""
     origin = _open_origin(cfg, overlay_fd)
     if cfg.emulate_latency or cfg.emulate_bandwidth:
-        return LatencyOrigin(origin, cfg.emulate_latency, cfg.emulate_bandwidth)
+        return LatencyOrigin(
+            origin, cfg.emulate_latency, cfg.emulate_bandwidth, cfg.emulate_request_size
+        )
     return origin
 
 

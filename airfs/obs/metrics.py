@@ -155,6 +155,21 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "counter",
         "committed bytes taken into the cache",
     ),
+    ("readpath", "direct_write_bytes"): (
+        "airfs_cache_direct_write_bytes_total",
+        "counter",
+        "bytes written into cache files bypassing the page cache",
+    ),
+    ("readpath", "kept_bytes"): (
+        "airfs_cache_kept_bytes",
+        "gauge",
+        "stored prefetched bytes kept in memory for their reader",
+    ),
+    ("readpath", "kept_hit_bytes"): (
+        "airfs_cache_kept_hit_bytes_total",
+        "counter",
+        "bytes served from buffers kept for their reader",
+    ),
     ("readpath", "prefetch_window_current"): (
         "airfs_prefetch_window_bytes",
         "gauge",

@@ -8,6 +8,11 @@ token bucket shared by all threads, so the *aggregate* rate of all requests toge
 ``bandwidth_bps`` bytes per second: each transfer occupies the shared link for
 ``nbytes / bandwidth_bps`` seconds, scheduled first come, first served, with no burst credit.
 
+With ``request_bytes`` a ``read_range`` of ``n`` bytes pays the latency once per
+``request_bytes`` of its result, one after the other (``ceil(n / request_bytes)`` times, at
+least once): an NFS-like client whose ``rsize`` splits one large ``pread`` into requests in a
+row, so a reader gains only by issuing reads in parallel.
+
 It counts ``calls`` per operation and ``bytes_read``, like
 :class:`~airfs.testing.memory.MemoryOrigin`. Used by tests and benchmarks; thread-safe.
 """
@@ -50,16 +55,23 @@ class LatencyOrigin:
     """Adds ``latency_s`` per request and an aggregate ``bandwidth_bps`` cap to ``inner``."""
 
     def __init__(
-        self, inner: Origin, latency_s: float = 0.01, bandwidth_bps: float | None = None
+        self,
+        inner: Origin,
+        latency_s: float = 0.01,
+        bandwidth_bps: float | None = None,
+        request_bytes: int | None = None,
     ) -> None:
         if latency_s < 0:
             raise ValueError("latency_s must be >= 0")
         if bandwidth_bps is not None and bandwidth_bps <= 0:
             raise ValueError("bandwidth_bps must be positive")
+        if request_bytes is not None and request_bytes <= 0:
+            raise ValueError("request_bytes must be positive")
         self.inner = inner
         self.url = inner.url
         self.latency_s = latency_s
         self.bandwidth_bps = bandwidth_bps
+        self.request_bytes = request_bytes
         self._link = _Link(bandwidth_bps) if bandwidth_bps else None
         self._lock = threading.Lock()
         self.calls: collections.Counter[str] = collections.Counter()
@@ -86,8 +98,15 @@ class LatencyOrigin:
         return list(self.inner.list(path))
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
-        self._request("read_range")
-        data = self.inner.read_range(path, offset, size, version)
+        if self.request_bytes is None:
+            self._request("read_range")
+            data = self.inner.read_range(path, offset, size, version)
+        else:  # the requests of one pread, in a row: the first byte waits for the first one
+            with self._lock:
+                self.calls["read_range"] += 1
+            data = self.inner.read_range(path, offset, size, version)
+            if self.latency_s:
+                time.sleep(self.latency_s * max(1, -(-len(data) // self.request_bytes)))
         self._transfer(len(data))
         with self._lock:
             self.bytes_read += len(data)

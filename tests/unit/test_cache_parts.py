@@ -21,6 +21,7 @@ from crc32c import crc32c
 
 import airfs.cache.fetch as fetch_mod
 from airfs.cache import CachedReadPath
+from airfs.cache.direct import DirectWriter
 from airfs.cache.fetch import INLINE_WRITE_MAX
 from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
@@ -59,15 +60,24 @@ class HeldWrites:
     def __init__(self, monkeypatch: pytest.MonkeyPatch, over: int = 0) -> None:
         self._go = threading.Event()
         self.waiting = 0
-        real: Callable[..., None] = fetch_mod.write_all
+        real: Callable[..., None] = fetch_mod.write_all  # the fetch job's own writes
+        real_direct: Callable[..., None] = DirectWriter.write  # the later write job's
 
-        def held(fd: int, data: Any, offset: int) -> None:
+        def wait(data: Any) -> None:
             if len(data) > over:
                 self.waiting += 1
                 self._go.wait(30)
+
+        def held(fd: int, data: Any, offset: int) -> None:
+            wait(data)
             real(fd, data, offset)
 
+        def held_direct(writer: DirectWriter, fd: int, data: Any, offset: int) -> None:
+            wait(data)
+            real_direct(writer, fd, data, offset)
+
         monkeypatch.setattr(fetch_mod, "write_all", held)
+        monkeypatch.setattr(DirectWriter, "write", held_direct)
 
     def release(self) -> None:
         self._go.set()

@@ -78,3 +78,18 @@ def test_bad_arguments() -> None:
         LatencyOrigin(MemoryOrigin(), latency_s=-1)
     with pytest.raises(ValueError):
         LatencyOrigin(MemoryOrigin(), bandwidth_bps=0)
+
+
+def test_request_size_splits_a_read_into_requests_in_a_row(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    (tmp_path / "f").write_bytes(b"z" * (512 << 10))
+    lo = LatencyOrigin(PosixOrigin(str(tmp_path)), latency_s=0.03, request_bytes=128 << 10)
+    t = time.monotonic()
+    assert len(lo.read_range("f", 0, 512 << 10)) == 512 << 10  # 4 requests of 128 KiB
+    four = time.monotonic() - t
+    t = time.monotonic()
+    assert lo.read_range("f", 0, 10) == b"z" * 10  # a short read is still one request
+    one = time.monotonic() - t
+    assert 0.12 <= four < 0.5 and 0.03 <= one < 0.1
+    assert lo.calls["read_range"] == 2
+    with pytest.raises(ValueError, match="request_bytes"):
+        LatencyOrigin(PosixOrigin(str(tmp_path)), latency_s=0.01, request_bytes=0)
