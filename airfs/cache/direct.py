@@ -15,7 +15,9 @@ page-aligned bounce buffers (the fetched buffer's own address is not aligned; th
 ``memmove`` without the GIL), and the unaligned tail of an object's last part through the page
 cache. It reopens the cache file through ``/proc/self/fd`` for each write (the shared
 descriptor keeps its flags: readers use it). Where the file system refuses ``O_DIRECT``
-(tmpfs) or ``/proc`` is missing, it writes through the page cache from then on. Thread-safe.
+(tmpfs) or ``/proc`` is missing, it writes through the page cache from then on.
+``AIRFS_DIRECT_WRITES=0`` in the daemon's environment turns it off (and with it the buffers
+kept for readers): the page cache then takes every write, as before. Thread-safe.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ class DirectWriter:
 
     def __init__(self, max_size: int, buffers: int) -> None:
         self.max_size = -(-max_size // ALIGN) * ALIGN
-        self.enabled = True
+        self.enabled = os.environ.get("AIRFS_DIRECT_WRITES", "1") != "0"
         self._free: list[mmap.mmap] = []
         self._made = 0
         self._limit = buffers

@@ -323,6 +323,8 @@ class Fetcher:
         r = part.reader
         if part.kind is not FetchKind.PREFETCH or r is None or r.closed:
             return False
+        if not self._direct.enabled:
+            return False  # the page cache has its bytes: read them back from there
         passed = r.stream.last_offset
         for p in [p for p in self._held.values() if p.reader is r and p.end <= passed]:
             self.release_held(p)  # read past without reading its end (or it skipped ahead)

@@ -73,8 +73,11 @@ def daemon_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def mounted_read(a: argparse.Namespace, work: str, root: str, size: int) -> tuple[float, float]:
-    """One cold read of ``big.bin`` through a fresh mount: (MiB/s, daemon CPU s per GiB)."""
+def mounted_read(
+    a: argparse.Namespace, work: str, root: str, size: int, page_cache: bool = False
+) -> tuple[float, float]:
+    """One cold read of ``big.bin`` through a fresh mount: (MiB/s, daemon CPU s per GiB);
+    ``page_cache``: with ``AIRFS_DIRECT_WRITES=0`` (the cache file written through it)."""
     from airfs.testing.mountfix import mounted
 
     cache, mp = os.path.join(work, "mcache"), os.path.join(work, "mnt")
@@ -82,7 +85,8 @@ def mounted_read(a: argparse.Namespace, work: str, root: str, size: int) -> tupl
     os.makedirs(mp, exist_ok=True)
     emulate = ["--emulate-latency", str(a.latency),
                "--emulate-request-size", f"{a.origin_request_kib}K"]  # fmt: skip
-    with mounted(root, mp, cache, "--fuse", "kernel", "--ttl", "30", *emulate) as m:
+    env = {"AIRFS_DIRECT_WRITES": "0"} if page_cache else None
+    with mounted(root, mp, cache, "--fuse", "kernel", "--ttl", "30", *emulate, env=env) as m:
         c0 = daemon_cpu_s(m.pid)
         t = time.perf_counter()
         with open(os.path.join(mp, "big.bin"), "rb", buffering=0) as f:
@@ -175,6 +179,8 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
     par: list[float] = []
     cpu_s_per_gib: list[float] = []
     stats: dict[str, Any] = {}
+    pc_cold: list[float] = []
+    pc_cpu: list[float] = []
     for _ in range(a.rounds):
         if a.baseline:
             par.append(round(await parallel_ranges(origin, obj, 8 * MiB, 8), 1))
@@ -182,6 +188,12 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
             mibs, cpu_gib = await trio.to_thread.run_sync(mounted_read, a, work, root, size)
             cold.append(round(mibs, 1))
             cpu_s_per_gib.append(round(cpu_gib, 2))
+            if a.ab:
+                mibs, cpu_gib = await trio.to_thread.run_sync(
+                    mounted_read, a, work, root, size, True
+                )
+                pc_cold.append(round(mibs, 1))
+                pc_cpu.append(round(cpu_gib, 2))
             continue
         shutil.rmtree(cache, ignore_errors=True)
         async with CachedReadPath.running(origin, cache, **opts) as rp:
@@ -213,6 +225,15 @@ async def main(a: argparse.Namespace) -> dict[str, Any]:
         "cold_cpu_s_per_gib": cpu_s_per_gib,
         "ratio": round(statistics.median(cold) / statistics.median(par), 2) if par else None,
         "last_stats": stats,
+        **(
+            {
+                "page_cache_cold_mib_s": pc_cold,
+                "page_cache_cpu_s_per_gib": pc_cpu,
+                "page_cache_ratio": round(statistics.median(pc_cold) / statistics.median(par), 2),
+            }
+            if pc_cold and par
+            else {}
+        ),
     }
 
 
@@ -235,6 +256,11 @@ if __name__ == "__main__":
     ap.add_argument("--max-window-mib", type=int, default=0, help="0: the read path's default")
     ap.add_argument("--no-prime", dest="prime", action="store_false")
     ap.add_argument("--mount", action="store_true", help="read through a real mount (module doc)")
+    ap.add_argument(
+        "--ab",
+        action="store_true",
+        help="with --mount: each round also reads with AIRFS_DIRECT_WRITES=0 (page-cache writes)",
+    )
     ap.add_argument(
         "--no-baseline",
         dest="baseline",

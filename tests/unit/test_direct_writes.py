@@ -148,3 +148,30 @@ async def test_a_reader_that_jumps_away_lets_its_kept_buffers_go(tmp_path: Path)
         assert st.kept_bytes < kept, st
         r.close()
         assert rp.statistics().kept_bytes == 0
+
+
+async def test_airfs_direct_writes_0_turns_both_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The operator's switch: every write through the page cache, no buffer kept."""
+    monkeypatch.setenv("AIRFS_DIRECT_WRITES", "0")
+    root = tmp_path / "origin"
+    root.mkdir()
+    data = blob(32 * MiB, 8)
+    (root / "big.bin").write_bytes(data)
+    origin = PosixOrigin(str(root))
+    e = origin.stat("big.bin")
+    obj = ObjectRef("big.bin", e.version, e.size)
+    async with CachedReadPath.running(
+        AsyncOrigin(origin), str(tmp_path / "cache"), cache_size=256 * MiB
+    ) as rp:
+        r = rp.open(obj)
+        got = bytearray()
+        for off in range(0, len(data), MiB):
+            got += await r.read(off, MiB)
+            await trio.sleep(0.01)
+        r.close()
+        assert bytes(got) == data
+        st = rp.statistics()
+        assert st.direct_write_bytes == 0 and st.kept_hit_bytes == 0, st
+        assert st.hit_bytes > 8 * MiB  # read back from the cache file instead
