@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from airfs.testing.mountfix import fusermount_unmount, mount, teardown
+from airfs.testing.mountfix import airfs_cmd, fusermount_unmount, mount, teardown
 
 MiB, KiB = 1 << 20, 1 << 10
 SYSTEMS = ("airfs", "s3fs", "rclone", "raw")
@@ -183,6 +183,9 @@ def main() -> int:
     ap.add_argument("--cached-p99", action="store_true",
                     help="airfs: latency of cached reads alone and during the cold big read")
     ap.add_argument("--jobs", type=int, default=64, help="xargs -P of the copy, raw GET threads")
+    ap.add_argument("--warm", action="store_true",
+                    help="also `airfs warm -j JOBS` of the small files on a fresh mount and empty "
+                         "cache (row warm; raw: its small row, JOBS threads of GETs)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
@@ -217,7 +220,7 @@ def main() -> int:
             systems.remove(peer)
     size = a.big_mib * MiB
     vals: dict[str, dict[str, list[float]]] = {
-        s: {"big": [], "four": [], "small": []} for s in systems
+        s: {"big": [], "four": [], "small": [], "warm": []} for s in systems
     }
     #: airfs (--cached-p99): per round, cached whole-file reads' p50/p99 (ms) alone and during
     #: the cold big read
@@ -269,6 +272,22 @@ def main() -> int:
             }  # fmt: skip
             (work / "rclone.conf").touch()
 
+            def warm_rate(system: str, mp: Path, env: dict[str, str]) -> float:
+                """``airfs warm -j JOBS`` of the small files, fresh mount, empty cache."""
+                cache = work / f"cache-{system}-warm"
+                shutil.rmtree(cache, ignore_errors=True)
+                m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint",
+                          srv.endpoint, "--s3-path-style", env=env)  # fmt: skip
+                try:
+                    cli = [*airfs_cmd(), "warm", "-q", "-j", str(a.jobs)]
+                    t0 = time.perf_counter()
+                    subprocess.run([*cli, str(mp / "small")], check=True, env={**os.environ, **env},
+                                   capture_output=True)  # fmt: skip
+                    return float(a.small / (time.perf_counter() - t0))
+                finally:
+                    m.umount()
+                    teardown(m, check=False)
+
             def one(system: str) -> None:
                 mp = work / "mnt" / system
                 dest = work / "dest"
@@ -293,15 +312,17 @@ def main() -> int:
                     with ThreadPoolExecutor(a.jobs) as ex:
                         list(ex.map(lambda n: bytes(obstore.get(store, n).bytes()), names))
                     vals[system]["small"].append(a.small / (time.perf_counter() - t0))
+                    if a.warm:
+                        vals[system]["warm"].append(vals[system]["small"][-1])
                     return
                 ctx: contextlib.AbstractContextManager[Any]
+                env = dict(srv.env)
+                if system == "airfs-before":
+                    env["PYTHONPATH"] = str(a.before)
                 if system.startswith("airfs"):
                     cache = work / f"cache-{system}"
                     shutil.rmtree(cache, ignore_errors=True)
                     mp.mkdir(parents=True, exist_ok=True)
-                    env = dict(srv.env)
-                    if system == "airfs-before":
-                        env["PYTHONPATH"] = str(a.before)
                     m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint",
                               srv.endpoint, "--s3-path-style", env=env)  # fmt: skip
 
@@ -365,6 +386,8 @@ def main() -> int:
                             vals[system]["four"].append(
                                 read_four([mp / "four" / f"{i}.bin" for i in range(4)]))
                     vals[system]["small"].append(copy_out(mp / "small", dest, a.jobs, a.small))
+                if a.warm and system.startswith("airfs"):
+                    vals[system]["warm"].append(warm_rate(system, mp, env))
 
             for r in range(a.rounds):
                 order = systems[r % len(systems) :] + systems[: r % len(systems)]
@@ -440,6 +463,8 @@ def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> st
     if any(d.get("four") for d in vals.values()):
         rows.append(("four", f"4 x {a.four_mib} MiB objects, 4 readers at once (MiB/s)"))
     rows.append(("small", f"{a.small} x {a.small_kib} KiB, find | xargs -P {a.jobs} cp (files/s)"))
+    if any(d.get("warm") for d in vals.values()):
+        rows.append(("warm", f"the same, airfs warm -j {a.jobs} (raw: {a.jobs} GET threads)"))
     for key, title in rows:
         out.append(f"| {title} | " + " | ".join(
             f"{med[s].get(key, float('nan')):,.1f}" for s in vals) + " |")  # fmt: skip
@@ -461,7 +486,9 @@ def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> st
         out.append(f"- {s}: big " + ", ".join(f"{x:,.1f}" for x in d["big"])
                    + ("; four " + ", ".join(f"{x:,.1f}" for x in d["four"]) if d.get("four")
                       else "")
-                   + "; small " + ", ".join(f"{x:,.1f}" for x in d["small"]))  # fmt: skip
+                   + "; small " + ", ".join(f"{x:,.1f}" for x in d["small"])
+                   + ("; warm " + ", ".join(f"{x:,.1f}" for x in d["warm"]) if d.get("warm")
+                      else ""))  # fmt: skip
     return "\n".join(out) + "\n"
 
 
