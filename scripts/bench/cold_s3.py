@@ -187,6 +187,9 @@ def main() -> int:
                     help="also `airfs warm -j JOBS` of the small files on a fresh mount and empty "
                          "cache (row warm; raw: its small row, JOBS threads of GETs)")  # fmt: skip
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--airfs-args", default="",
+                    help="more `airfs mount` options for the airfs systems (e.g. '--ttl 300': "
+                         "names and listings kept as long as rclone's dir cache)")  # fmt: skip
     ap.add_argument("--only", default=",".join(SYSTEMS))
     ap.add_argument("--work", type=Path, help="work directory (default: a temporary one)")
     ap.add_argument("--out", type=Path, help="markdown report")
@@ -277,7 +280,8 @@ def main() -> int:
                 cache = work / f"cache-{system}-warm"
                 shutil.rmtree(cache, ignore_errors=True)
                 m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint",
-                          srv.endpoint, "--s3-path-style", env=env)  # fmt: skip
+                          srv.endpoint, "--s3-path-style", *a.airfs_args.split(),
+                          env=env)  # fmt: skip
                 try:
                     cli = [*airfs_cmd(), "warm", "-q", "-j", str(a.jobs)]
                     t0 = time.perf_counter()
@@ -324,7 +328,8 @@ def main() -> int:
                     shutil.rmtree(cache, ignore_errors=True)
                     mp.mkdir(parents=True, exist_ok=True)
                     m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint",
-                              srv.endpoint, "--s3-path-style", env=env)  # fmt: skip
+                              srv.endpoint, "--s3-path-style", *a.airfs_args.split(),
+                              env=env)  # fmt: skip
 
                     @contextlib.contextmanager
                     def airfs_ctx() -> Iterator[None]:
@@ -456,7 +461,8 @@ def chart(vals: dict[str, dict[str, list[float]]], path: Path, label: str) -> No
 
 def render(a: argparse.Namespace, vals: dict[str, dict[str, list[float]]]) -> str:
     med = {s: {k: statistics.median(v) for k, v in d.items() if v} for s, d in vals.items()}
-    out = [f"{a.label}; {a.rounds} interleaved rounds; SeaweedFS on the same cores.", "",
+    extra = f"; airfs mounted with `{a.airfs_args}`" if a.airfs_args else ""
+    out = [f"{a.label}; {a.rounds} interleaved rounds; SeaweedFS on the same cores{extra}.", "",
            "| cold, fresh mount | " + " | ".join(vals) + " |",
            "| --- |" + " ---: |" * len(vals)]  # fmt: skip
     rows = [("big", f"one {a.big_mib} MiB object, sequential (MiB/s)")]
