@@ -37,13 +37,14 @@ from airfs.origin.base import (
 from airfs.writeback.opens import Opens
 from airfs.writeback.staging import Staged, StagingArea
 
+from .ahead import FetchAhead
 from .attrs import Attr, Owner, allocated_blocks, attr_of, attr_of_entry
 from .context import Guard, current_caller
 from .handles import DirHandle, Handle, err
 from .inodes import InodeTable, Node
 from .kernelcache import KernelCache
 from .listings import ListingCache
-from .passthrough import Passthrough
+from .passthrough import SMALL_FILE_MAX, Passthrough
 from .readpath import ObjectRef, ReadPath
 from .revalidate import Revalidation
 
@@ -149,6 +150,9 @@ class Core(Revalidation):
         #: the one owner of which staged version each open handle uses
         self.opens = Opens(area)
         self.passthrough = Passthrough(area, self.opens, readpath, self.inodes)
+        #: a directory's files opened in order: the next ones fetched ahead (the daemon
+        #: sets its ``submit``; off in a core without one)
+        self.ahead = FetchAhead(self.listings, max_size=SMALL_FILE_MAX)
         #: what the kernel may keep past the TTL (leases, checks, invalidations)
         self.kernel = KernelCache(self)
 

@@ -135,6 +135,8 @@ class Files:
                 handle = await self._open_origin(node)
                 keep = node.cached_version == handle.version
                 node.cached_version = handle.version
+                if node.path is not None:
+                    self.core.ahead.opened(node.path)
         node.opens += 1
         self.core.handles[handle.fh] = handle
         return handle.fh, keep
@@ -156,6 +158,7 @@ class Files:
         node.opens += 1
         self.core.handles[handle.fh] = handle
         self.core.fast_opens += 1
+        self.core.ahead.opened(path)
         return handle.fh, keep
 
     def _reader(

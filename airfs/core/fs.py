@@ -329,6 +329,7 @@ class Filesystem:
             relists=ls.relists,
             ahead_hits=self.core.listings.ahead_hits,
             fast_opens=self.core.fast_opens,
+            fetched_ahead=self.core.ahead.submitted,
             kernel=self.core.kernel.statistics(),
             ops=dict(self.core.ops),
             latency=self.core.latency.snapshot(),

@@ -24,7 +24,8 @@ class CoreStats:
     ``listing_negative_hits`` (lookups answered from a listing, found / absent), ``relists``
     (listings fetched again), ``ahead_hits`` (names answered by a walk's stats asked ahead:
     :mod:`airfs.core.listings`); ``fast_opens`` (opens answered inline: a fresh version
-    complete in the block cache, no origin call)."""
+    complete in the block cache, no origin call); ``fetched_ahead`` (files of a directory read
+    in its listing's order handed to the background prefetch: :mod:`airfs.core.ahead`)."""
 
     inodes: int
     open_files: int
@@ -34,6 +35,7 @@ class CoreStats:
     relists: int
     ahead_hits: int = 0
     fast_opens: int = 0
+    fetched_ahead: int = 0
     #: what the kernel keeps past the TTL (:class:`~airfs.core.kernelcache.KernelCacheStats`)
     kernel: KernelCacheStats | None = None
     ops: Mapping[str, int] = field(default_factory=dict)
@@ -51,6 +53,7 @@ class CoreStats:
             "relists": self.relists,
             "ahead_hits": self.ahead_hits,
             "fast_opens": self.fast_opens,
+            "fetched_ahead": self.fetched_ahead,
             "kernel_cache": dataclasses.asdict(self.kernel) if self.kernel is not None else None,
             "latency": as_dicts(self.latency),
         }

@@ -157,14 +157,21 @@ class BackgroundPrefetch:
         self.resolve = resolve
         self.readpath = readpath
         self.jobs = jobs
-        self._send, self._recv = trio.open_memory_channel[str](depth)
+        self._send, self._recv = trio.open_memory_channel[str | ObjectRef](depth)
         self.submitted = 0
         self.dropped = 0
         self.warmed = 0
         self.failed = 0
 
     def submit(self, paths: list[str]) -> None:
-        for p in paths:
+        self._submit(paths)
+
+    def submit_refs(self, refs: list[ObjectRef]) -> None:
+        """Warm these object versions as they are (the core's fetch-ahead: no name asked)."""
+        self._submit(refs)
+
+    def _submit(self, items: list[str] | list[ObjectRef]) -> None:
+        for p in items:
             try:
                 self._send.send_nowait(p)
                 self.submitted += 1
@@ -179,6 +186,10 @@ class BackgroundPrefetch:
     async def _worker(self) -> None:
         async for path in self._recv:
             try:
+                if isinstance(path, ObjectRef):
+                    await self.readpath.warm(path)
+                    self.warmed += 1
+                    continue
                 if self.resolve is not None:  # the core's view: fresh listings, no round trip
                     entry, _at = await self.resolve(path)
                 else:

@@ -202,6 +202,7 @@ async def _serve(
     descriptors of a live connection to serve instead of mounting (``saved``: what its
     previous daemon recorded)."""
     prefetcher = BackgroundPrefetch(built.origin, built.readpath, resolve=built.fs.origin_entry)
+    built.fs.core.ahead.submit = prefetcher.submit_refs  # a directory read in order
     initialized = trio.Event()
     fsname = (built.origin.url or "airfs").replace(",", "_").replace(" ", "_")
     try:

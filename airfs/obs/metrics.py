@@ -98,6 +98,11 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "lookups answered by stats asked ahead of a directory walk",
     ),
     ("core", "fast_opens"): ("airfs_core_fast_opens_total", "counter", "opens answered inline"),
+    ("core", "fetched_ahead"): (
+        "airfs_core_fetched_ahead_total",
+        "counter",
+        "files of a directory read in order handed to the background prefetch",
+    ),
     # read path / block cache
     ("readpath", "cache_bytes_used"): (
         "airfs_cache_used_bytes",
