@@ -214,6 +214,21 @@ def main() -> int:
 
     work = a.work or Path(tempfile.mkdtemp(prefix="airfs-cold-s3-"))
     work.mkdir(parents=True, exist_ok=True)
+    # the mounts' processes start in the work directory: `python -m` puts the current
+    # directory first on sys.path, and from a checkout's root every daemon (airfs-before's
+    # too) imported that checkout's airfs whatever PYTHONPATH said. The airfs measured is
+    # the one this script imports (PYTHONPATH made absolute, that checkout first).
+    import airfs
+
+    here = str(Path(airfs.__file__).resolve().parents[1])
+    given = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    paths = [str(Path(p).resolve()) for p in given if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
+    for name in ("out", "json", "chart", "before"):
+        if getattr(a, name) is not None:
+            setattr(a, name, getattr(a, name).resolve())
+    work = work.resolve()
+    os.chdir(work)
     systems = [s for s in a.only.split(",") if s]
     if a.before:
         systems.insert(1, "airfs-before")
