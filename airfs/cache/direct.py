@@ -94,7 +94,7 @@ class DirectWriter:
         self._made = 0
         self._limit = buffers
         self._cond = threading.Condition()
-        self.direct_bytes = 0  # written with O_DIRECT (statistics; racy reads are fine)
+        self.direct_bytes = 0  # written with O_DIRECT (statistics, counted under the lock)
 
     def _take(self) -> mmap.mmap:
         with self._cond:
@@ -105,9 +105,10 @@ class DirectWriter:
             self._made += 1
         return mmap.mmap(-1, self.max_size)  # page-aligned, recycled: touched once
 
-    def _give(self, buf: mmap.mmap) -> None:
+    def _give(self, buf: mmap.mmap, written: int) -> None:
         with self._cond:
             self._free.append(buf)
+            self.direct_bytes += written
             self._cond.notify()
 
     def write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -128,16 +129,15 @@ class DirectWriter:
             write_all(fd, data, offset)
             return
         buf = self._take()
+        done = 0
         try:
             copy_released(buf, data, head)
             mv = memoryview(buf)[:head]
-            done = 0
             while done < head:
                 done += os.pwrite(dfd, mv[done:], offset + done)
             mv.release()
         finally:
             os.close(dfd)
-            self._give(buf)
-        self.direct_bytes += head
+            self._give(buf, done)
         if n > head:
             write_all(fd, memoryview(data)[head:], offset + head)
