@@ -67,6 +67,22 @@ def is_mounted(mountpoint: str | Path) -> bool:
         )
 
 
+def mount_from(work: str | Path) -> None:
+    """Start every later mount of this process from ``work``, importing the airfs this
+    process imported: ``python -m`` puts the current directory first on ``sys.path``, so a
+    mount started from a checkout's root imports that checkout whatever ``PYTHONPATH`` says
+    (a benchmark comparing two trees then measures one twice). ``PYTHONPATH`` is made
+    absolute, this airfs's checkout first; a mount given its own ``PYTHONPATH`` (another
+    tree) imports that tree."""
+    import airfs
+
+    here = str(Path(airfs.__file__).resolve().parents[1])
+    old = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    given = [str(Path(p).resolve()) for p in old if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join([here, *given])
+    os.chdir(work)
+
+
 def airfs_cmd() -> list[str]:
     return [sys.executable, "-m", "airfs.cli"]
 

@@ -52,7 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from airfs.testing.mountfix import airfs_cmd, fusermount_unmount, mount, teardown
+from airfs.testing.mountfix import airfs_cmd, fusermount_unmount, mount, mount_from, teardown
 
 MiB, KiB = 1 << 20, 1 << 10
 SYSTEMS = ("airfs", "s3fs", "rclone", "raw")
@@ -214,21 +214,12 @@ def main() -> int:
 
     work = a.work or Path(tempfile.mkdtemp(prefix="airfs-cold-s3-"))
     work.mkdir(parents=True, exist_ok=True)
-    # the mounts' processes start in the work directory: `python -m` puts the current
-    # directory first on sys.path, and from a checkout's root every daemon (airfs-before's
-    # too) imported that checkout's airfs whatever PYTHONPATH said. The airfs measured is
-    # the one this script imports (PYTHONPATH made absolute, that checkout first).
-    import airfs
-
-    here = str(Path(airfs.__file__).resolve().parents[1])
-    given = os.environ.get("PYTHONPATH", "").split(os.pathsep)
-    paths = [str(Path(p).resolve()) for p in given if p]
-    os.environ["PYTHONPATH"] = os.pathsep.join([here, *paths])
+    # airfs-before's mounts must import --before, not the checkout this runs from
     for name in ("out", "json", "chart", "before"):
         if getattr(a, name) is not None:
             setattr(a, name, getattr(a, name).resolve())
     work = work.resolve()
-    os.chdir(work)
+    mount_from(work)
     systems = [s for s in a.only.split(",") if s]
     if a.before:
         systems.insert(1, "airfs-before")

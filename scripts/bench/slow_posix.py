@@ -158,14 +158,9 @@ async def parallel_ranges(origin: AsyncOrigin, obj: ObjectRef, part: int, width:
 async def main(a: argparse.Namespace) -> dict[str, Any]:
     work = os.path.abspath(a.dir or tempfile.mkdtemp(prefix="airfs-slowposix-"))
     if a.mount:
-        # the mounts start in the work directory: `python -m` puts the current directory
-        # first on sys.path, so from another checkout's root the daemon would import that
-        # one; it imports the airfs this script imported (first on an absolute PYTHONPATH)
-        import airfs
+        from airfs.testing.mountfix import mount_from
 
-        given = [os.path.abspath(p) for p in os.environ.get("PYTHONPATH", "").split(":") if p]
-        os.environ["PYTHONPATH"] = ":".join([os.path.dirname(airfs.__path__[0]), *given])
-        os.chdir(work)
+        mount_from(work)  # the daemon imports the airfs this script imported
     root = os.path.join(work, "origin")
     os.makedirs(root, exist_ok=True)
     size = a.size_mib * MiB

@@ -8,6 +8,7 @@ import errno
 import mmap
 import os
 import random
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,22 @@ KiB, MiB = 1 << 10, 1 << 20
 
 def blob(n: int, seed: int = 0) -> bytes:
     return random.Random(seed).randbytes(n)
+
+
+def big_object(tmp_path: Path, size: int, seed: int) -> tuple[bytes, ObjectRef]:
+    """``big.bin`` of ``size`` random bytes at a POSIX origin in ``tmp_path/origin``."""
+    root = tmp_path / "origin"
+    root.mkdir()
+    data = blob(size, seed)
+    (root / "big.bin").write_bytes(data)
+    e = PosixOrigin(str(root)).stat("big.bin")
+    return data, ObjectRef("big.bin", e.version, e.size)
+
+
+def cached(tmp_path: Path) -> AbstractAsyncContextManager[CachedReadPath]:
+    """A read path over that origin, its cache in ``tmp_path/cache``."""
+    origin = AsyncOrigin(PosixOrigin(str(tmp_path / "origin")))
+    return CachedReadPath.running(origin, str(tmp_path / "cache"), cache_size=256 * MiB)
 
 
 def test_copy_released_copies_a_read_only_view() -> None:
@@ -86,16 +103,8 @@ async def test_a_cold_sequential_read_is_served_from_kept_buffers_and_cached_on_
     """The reader's prefetched parts are written with O_DIRECT and read from memory; once it
     closes nothing stays kept, the budget is whole again, and a second reader reads every
     byte from the cache file (its checksums checked) without the origin."""
-    root = tmp_path / "origin"
-    root.mkdir()
-    data = blob(48 * MiB, 6)
-    (root / "big.bin").write_bytes(data)
-    origin = PosixOrigin(str(root))
-    e = origin.stat("big.bin")
-    obj = ObjectRef("big.bin", e.version, e.size)
-    async with CachedReadPath.running(
-        AsyncOrigin(origin), str(tmp_path / "cache"), cache_size=256 * MiB
-    ) as rp:
+    data, obj = big_object(tmp_path, 48 * MiB, 6)
+    async with cached(tmp_path) as rp:
         r = rp.open(obj)
         got = bytearray()
         for off in range(0, len(data), MiB):
@@ -124,16 +133,8 @@ async def test_a_cold_sequential_read_is_served_from_kept_buffers_and_cached_on_
 async def test_a_reader_that_jumps_away_lets_its_kept_buffers_go(tmp_path: Path) -> None:
     """Buffers kept for a reader that went elsewhere are given back (to the in-flight budget)
     as its next parts are stored, not held until it closes."""
-    root = tmp_path / "origin"
-    root.mkdir()
-    data = blob(96 * MiB, 7)
-    (root / "big.bin").write_bytes(data)
-    origin = PosixOrigin(str(root))
-    e = origin.stat("big.bin")
-    obj = ObjectRef("big.bin", e.version, e.size)
-    async with CachedReadPath.running(
-        AsyncOrigin(origin), str(tmp_path / "cache"), cache_size=256 * MiB
-    ) as rp:
+    data, obj = big_object(tmp_path, 96 * MiB, 7)
+    async with cached(tmp_path) as rp:
         r = rp.open(obj)
         for off in range(0, 24 * MiB, MiB):
             assert await r.read(off, MiB) == data[off : off + MiB]
@@ -155,16 +156,8 @@ async def test_airfs_direct_writes_0_turns_both_off(
 ) -> None:
     """The operator's switch: every write through the page cache, no buffer kept."""
     monkeypatch.setenv("AIRFS_DIRECT_WRITES", "0")
-    root = tmp_path / "origin"
-    root.mkdir()
-    data = blob(32 * MiB, 8)
-    (root / "big.bin").write_bytes(data)
-    origin = PosixOrigin(str(root))
-    e = origin.stat("big.bin")
-    obj = ObjectRef("big.bin", e.version, e.size)
-    async with CachedReadPath.running(
-        AsyncOrigin(origin), str(tmp_path / "cache"), cache_size=256 * MiB
-    ) as rp:
+    data, obj = big_object(tmp_path, 32 * MiB, 8)
+    async with cached(tmp_path) as rp:
         r = rp.open(obj)
         got = bytearray()
         for off in range(0, len(data), MiB):
