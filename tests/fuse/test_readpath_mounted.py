@@ -194,6 +194,11 @@ def test_sequential_read_uses_large_parallel_fetches(origin_spec: Any, make_volu
     # far fewer, larger requests than the kernel's 128 KiB-1 MiB reads
     assert s["origin_requests"] <= len(data) // (2 * MiB), s
     assert s["prefetch_bytes"] > 0 and s["inflight_peak_bytes"] >= 2 * MiB, s
+    # its 8 MiB parts went to the cache file past the page cache, and all of it is there
+    assert s["direct_write_bytes"] >= len(data) // 2, s
+    drop_page_cache(v.root / "big.bin")
+    again = hashlib.sha256(read_in_chunks(v.root / "big.bin")).hexdigest()
+    assert again == got and cache_stats(v)["origin_bytes_read"] == s["origin_bytes_read"]
 
 
 def test_warm_fills_cache(make_volume: Callable[..., Volume]) -> None:
