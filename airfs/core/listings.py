@@ -25,7 +25,10 @@ one name, if that is cheap for what it answers (:meth:`ListingCache.worth_relist
   since cost more than that fetch (``name_s`` each, as measured): a listing that was slow
   once (the first S3 listing of a directory, which HEADs objects for their modes) is tried
   again, and a huge directory walked by name is listed again at most once per its
-  listing's cost in names.
+  listing's cost in names (counting names asked by name since it expired, not those it
+  answered) -- unless it was itself fetched again and took the whole TTL or more: such a
+  listing is stale when it arrives, and listing it again for every few names (15,000 entries,
+  a second of daemon and server CPU each) starves the requests it was meant to save.
 
 A directory with no listing kept (never listed, or evicted) is listed once
 ``FIRST_LISTING_AFTER`` different names were asked of it one by one
@@ -86,6 +89,10 @@ class Listing:
     asked: int = 0
     #: names asked ahead of a walk (see the module docstring): name -> (entry or None, at)
     ahead: dict[str, tuple[Entry | None, float]] = field(default_factory=dict)
+    #: names asked of the origin one by one since it expired (what a new listing would save)
+    by_name: int = 0
+    #: fetched again (the directory had a listing before this one)
+    again: bool = False
     #: the names in order (made at the first walk), the walk's window and where its last
     #: batch went in that order (the asked name's index, the index after the batch)
     order: list[str] | None = None
@@ -127,7 +134,7 @@ class ListingCache:
     def put(self, dir_path: str, entries: list[Entry], at: float, took: float = 0.0) -> Listing:
         """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
         through the mount touched the directory since ``at``)."""
-        listing = Listing(at, {e.name: e for e in entries}, took)
+        listing = Listing(at, {e.name: e for e in entries}, took, again=dir_path in self._dirs)
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)
@@ -172,7 +179,9 @@ class ListingCache:
         listing = self._dirs.get(dir_path)
         if listing is None:
             return False
-        if name_s > 0 and listing.asked * name_s >= listing.took:
+        if listing.again and listing.took >= self.ttl:
+            return False  # stale when it arrived, and not the first listing's HEADs
+        if name_s > 0 and listing.by_name * name_s >= listing.took:
             return True  # the names asked one by one since cost more than the listing did
         if listing.took >= self.ttl * RELIST_MAX_TOOK:
             return False
@@ -195,12 +204,13 @@ class ListingCache:
             names.add(name)
         return len(names) >= FIRST_LISTING_AFTER
 
-    def asked(self, dir_path: str) -> None:
-        """A name in ``dir_path`` was asked of the origin by itself (its listing expired and
-        was not fetched again): counts toward fetching it again."""
+    def asked(self, dir_path: str, names: int = 1) -> None:
+        """``names`` names in ``dir_path`` were asked of the origin by name (its listing
+        expired and was not fetched again): they count toward fetching it again."""
         listing = self._dirs.get(dir_path)
         if listing is not None:
-            listing.asked += 1
+            listing.asked += names
+            listing.by_name += names
 
     def walk_ahead(self, dir_path: str, name: str) -> list[str]:
         """``name`` of ``dir_path`` is about to be asked of the origin by itself: the names
