@@ -61,7 +61,10 @@ async def test_an_open_of_a_cached_fresh_file_is_answered_inline(tmp_path: Path)
         before = pins(b)
         fh, _ = inline(fs.open(ino, R))
         assert fs.statistics().fast_opens == 1
-        assert inline(fs.passthrough_source(fh)) == first  # the same cache file
+        again = inline(fs.passthrough_source(fh))
+        # the same cache file (its key: the descriptor was closed at the release, and the
+        # number the new one gets depends on what else the process opened meanwhile)
+        assert again is not None and again[1] == first[1]
         inline(fs.release(fh))
         # daemon-served (a transport without passthrough): reads come from the cache
         fh, _ = inline(fs.open(ino, R))
