@@ -250,6 +250,19 @@ class BackingFiles:
 
         return LocalFile(fd, f"cache:{obj.file_name()}", release)
 
+    def written(self, obj: CachedObject) -> None:
+        """Every byte of the complete ``obj`` was just written into its cache file from
+        buffers the cache checksummed (a whole file stored by one part): record the file as
+        verified in the state it has now, as an open that fetched it whole does, so that its
+        open reads nothing back (and can be answered inline: :meth:`acquire_now`)."""
+        fd = self._table.files.fd(obj)
+        if fd < 0 or obj.dead:
+            return
+        st = os.fstat(fd)
+        if st.st_size == obj.size:
+            self.verified.add_soon(obj.file_name(), st)
+            self._recorded.set()
+
     def _verified_now(self, obj: CachedObject, fd: int) -> bool:
         """The cache file has the object's size and is verified as it is now."""
         st = os.fstat(fd)

@@ -77,6 +77,7 @@ class CacheOptions(TypedDict, total=False):
     max_parallel: int
     flush_interval: float
 
+
 #: block maps loaded in one worker-thread job for :meth:`CachedReadPath.expect`
 EXPECT_BATCH = 256
 
@@ -182,6 +183,8 @@ class CachedReadPath:
         #: objects whose block maps :meth:`expect` asked for, loaded by ``_load_expected``
         self._expected: list[CachedObject] = []
         self._expect_ev = trio.Event()
+        #: versions read whole at their lookup, being stored (:meth:`store_fetched`)
+        self._storing: dict[bytes, trio.Event] = {}
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -363,12 +366,48 @@ class CachedReadPath:
         when not all of it is cached); fetched whole first when up to ``fetch_max`` bytes.
         See :mod:`airfs.cache.backing`."""
         self._check_running()
+        storing = self._storing.get(object_key(obj.path, obj.version))
+        if storing is not None:  # read at its lookup, being stored: no second origin read
+            await storing.wait()
         return await self.backing.acquire(obj, fetch_max=fetch_max)
 
     def local_file_now(self, obj: ObjectRef) -> LocalFile | None:
         """See :meth:`airfs.core.readpath.ReadPath.local_file_now`."""
         self._check_running()
         return self.backing.acquire_now(obj)
+
+    def knows(self, obj: ObjectRef) -> bool:
+        """See :meth:`airfs.core.readpath.ReadPath.knows`: the table has that version (cached
+        whole or in part, known from the index, or being filled)."""
+        return object_key(obj.path, obj.version) in self._table.objects
+
+    def store_fetched(self, obj: ObjectRef, data: memoryview) -> bool:
+        """See :meth:`airfs.core.readpath.ReadPath.store_fetched`."""
+        if not self._running or obj.size <= 0 or len(data) != obj.size or self.knows(obj):
+            return False
+        cobj = self._table.object_for(obj)
+        self._keeper.install_new(cobj)  # not known before: nothing to load
+        cobj.pins += 1
+        done = self._storing[cobj.key] = trio.Event()
+        self._fetcher.spawn(self._store_fetched, cobj, data, done)
+        return True
+
+    async def _store_fetched(self, cobj: CachedObject, data: memoryview, done: trio.Event) -> None:
+        try:
+            await self._keeper.ensure_loaded(cobj)
+            if cobj.cached == 0 and not cobj.inflight and not cobj.dead:
+                self._table.touch(cobj)
+                part = self._fetcher.start_given(cobj, data)
+                await part.stored.wait()
+                if part.error is None and cobj.cached == cobj.size:
+                    self.backing.written(cobj)  # checksummed as written: no read-back
+                    self.stats.fetched_at_lookup += 1
+        finally:
+            if self._storing.get(cobj.key) is done:
+                del self._storing[cobj.key]
+            done.set()
+            cobj.pins -= 1
+            self._table.maybe_release(cobj)
 
     def expect(self, objs: list[ObjectRef]) -> None:
         """See :meth:`airfs.core.readpath.ReadPath.expect`: the block maps of the cached
@@ -444,6 +483,7 @@ class CachedReadPath:
             direct_write_bytes=self._fetcher.direct_write_bytes,
             kept_bytes=self._fetcher.held_bytes,
             kept_hit_bytes=s.kept_hit_bytes,
+            fetched_at_lookup=s.fetched_at_lookup,
         )
 
     async def flush(self) -> None:

@@ -36,6 +36,7 @@ import errno
 import logging
 import os
 from array import array
+from collections.abc import Awaitable, Callable
 
 import trio
 
@@ -96,6 +97,7 @@ class Part:
         "end",
         "epoch",
         "error",
+        "given",
         "held",
         "kind",
         "needed",
@@ -125,6 +127,8 @@ class Part:
         self.data: bytes | memoryview | None = None
         self.error: BaseException | None = None
         self.held = False  # stored, its buffer kept for its reader (in ``obj.held``)
+        #: its bytes, read from the origin already (``Fetcher.start_given``): only stored
+        self.given: memoryview | None = None
 
     def abandoned(self) -> bool:
         """A prefetch whose reader closed or moved elsewhere before it started."""
@@ -172,12 +176,32 @@ class Fetcher:
             task_status.started()
             await trio.sleep_forever()
 
+    def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
+        """Run ``fn(*args)`` in the background with the parts (cancelled with them)."""
+        assert self._nursery is not None, "Fetcher.run is not running"
+        self._nursery.start_soon(fn, *args)
+
+    def start_given(self, obj: CachedObject, data: memoryview) -> Part:
+        """Store ``data``, the whole content of the loaded, pinned, empty ``obj`` read from
+        the origin already, as a whole-file fetch would (checksummed and written into a new
+        cache file by one worker-thread job); no origin read, no budget wait."""
+        return self.start_part(obj, 0, obj.nblocks, FetchKind.WARM, None, given=data)
+
     def start_part(
-        self, obj: CachedObject, b0: int, b1: int, kind: FetchKind, reader: CachedReader | None
+        self,
+        obj: CachedObject,
+        b0: int,
+        b1: int,
+        kind: FetchKind,
+        reader: CachedReader | None,
+        *,
+        given: memoryview | None = None,
     ) -> Part:
-        """Claim blocks ``[b0, b1)`` (none may be in flight) and fetch them in the background."""
+        """Claim blocks ``[b0, b1)`` (none may be in flight) and fetch them in the background
+        (``given``: their bytes, to store only)."""
         assert self._nursery is not None, "Fetcher.run is not running"
         part = Part(obj, b0, b1, kind, reader)
+        part.given = given
         for b in range(b0, b1):
             obj.inflight[b] = part
         self._nursery.start_soon(self._run_part, part)
@@ -198,7 +222,7 @@ class Fetcher:
         t = self._table
         acquired = reserved = 0
         try:
-            if part.kind is FetchKind.DEMAND:
+            if part.kind is FetchKind.DEMAND or part.given is not None:
                 self.budget.take(n)
             elif not await self.budget.acquire(
                 n, give_up=part.abandoned, urgent=lambda: part.urgent
@@ -207,7 +231,7 @@ class Fetcher:
                 return
             acquired = n
             async with contextlib.AsyncExitStack() as stack:
-                if not part.urgent and part.kind is not FetchKind.DEMAND:
+                if not part.urgent and part.kind is not FetchKind.DEMAND and part.given is None:
                     await stack.enter_async_context(self._parallel)
                 if part.abandoned():
                     s.prefetch_abandoned += 1
@@ -239,23 +263,36 @@ class Fetcher:
                 # own thread job; bigger ones after their waiters are answered
                 inline = bool(create) or n <= INLINE_WRITE_MAX
                 try:
-                    # one job per attempt, retried by the origin's one policy (backoff on
-                    # the loop, outside the origin's limiter)
-                    data, crcs, new_fd = await self._origin.call(
-                        self._fetch_job,
-                        obj.path,
-                        obj.version,
-                        part.start,
-                        n,
-                        fd,
-                        create,
-                        obj.size,
-                        inline,
-                        what=f"read {obj.path}",
-                        op="read",
-                        abandon=False,  # it may be writing the cache file
-                        marks_down=True,
-                    )
+                    if part.given is not None:
+                        data, crcs, new_fd = await trio.to_thread.run_sync(
+                            self._store_job,
+                            part.given,
+                            obj.path,
+                            part.start,
+                            fd,
+                            create,
+                            obj.size,
+                            inline,
+                            limiter=self._io_limiter,
+                        )
+                    else:
+                        # one job per attempt, retried by the origin's one policy (backoff
+                        # on the loop, outside the origin's limiter)
+                        data, crcs, new_fd = await self._origin.call(
+                            self._fetch_job,
+                            obj.path,
+                            obj.version,
+                            part.start,
+                            n,
+                            fd,
+                            create,
+                            obj.size,
+                            inline,
+                            what=f"read {obj.path}",
+                            op="read",
+                            abandon=False,  # it may be writing the cache file
+                            marks_down=True,
+                        )
                 finally:
                     obj.io -= 1
                     if create:
@@ -388,6 +425,20 @@ class Fetcher:
         )
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
+        return self._store_job(data, path, start, fd, create, size, store)
+
+    def _store_job(
+        self,
+        data: bytes | memoryview,
+        path: str,
+        start: int,
+        fd: int,
+        create: str,
+        size: int,
+        store: bool,
+    ) -> tuple[bytes | memoryview, array[int] | None, int]:
+        """Worker thread: :meth:`_fetch_job`'s half after the origin read, for ``data``
+        read at ``start`` (also what stores the bytes of :meth:`start_given`)."""
         new_fd = -1
         try:
             if create:
@@ -396,7 +447,7 @@ class Fetcher:
                 return data, None, new_fd
             crcs = checksums(data, self._cs)
             if store:
-                allocate(fd, start, n)
+                allocate(fd, start, len(data))
                 write_all(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)

@@ -215,6 +215,12 @@ class IndexKeeper:
             out.append((raw, exists))
         return out
 
+    def install_new(self, obj: CachedObject) -> None:
+        """``obj`` was not in the table (every object of the index is, from its start), so the
+        index holds no map of it: its empty map is installed inline, with no load job."""
+        if obj.have is None and obj.loading is None:
+            self._install_map(obj, None, False)
+
     def _install_map(self, obj: CachedObject, raw: bytes | None, exists: bool) -> None:
         if obj.have is not None:
             return

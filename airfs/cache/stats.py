@@ -23,6 +23,7 @@ class Counters:
         "corrupt_blocks",
         "evicted_bytes",
         "evictions",
+        "fetched_at_lookup",
         "hit_bytes",
         "index_flushes",
         "index_map_loads",
@@ -45,6 +46,7 @@ class Counters:
     corrupt_blocks: int
     evicted_bytes: int
     evictions: int
+    fetched_at_lookup: int
     hit_bytes: int
     index_flushes: int
     index_map_loads: int
@@ -102,6 +104,9 @@ class CacheStatistics:
     into cache files bypassing the page cache), ``kept_bytes`` (now: stored prefetched parts
     whose buffers are kept for their reader, within ``inflight_bytes``), ``kept_hit_bytes``
     (served from those buffers, also counted in ``hit_bytes``).
+
+    Cold small files: ``fetched_at_lookup`` (files read whole by the request that revalidated
+    their name, stored without a second origin read: ``ReadPath.store_fetched``).
     """
 
     cache_dir: str
@@ -142,6 +147,7 @@ class CacheStatistics:
     direct_write_bytes: int = 0
     kept_bytes: int = 0
     kept_hit_bytes: int = 0
+    fetched_at_lookup: int = 0
     kind: Literal["cached"] = "cached"
 
     def to_dict(self) -> dict[str, Any]:

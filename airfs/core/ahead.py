@@ -14,13 +14,17 @@ Files are named with the version their (possibly expired) listing shows: a file 
 costs one wasted fetch, never a stale read (its open asks the origin as always).
 
 Opens that jump around (many processes interleaved in one directory, random access) break the
-walk and fetch nothing. Trio loop only.
+walk and fetch nothing. They still mark the directory as *being read*
+(:meth:`FetchAhead.reading`: ``READING_OPENS`` opens, each within ``READING_S`` of the one
+before), which tells the core to revalidate a cold small file of it by reading it whole
+(:meth:`~airfs.core.revalidate.Revalidation.origin_entry`). Trio loop only.
 """
 
 from __future__ import annotations
 
 import bisect
 import collections
+import time
 from collections.abc import Callable
 
 from airfs.origin.base import Kind, join, split
@@ -32,16 +36,22 @@ __all__ = ["FetchAhead"]
 
 #: consecutive in-order opens before the next files are fetched
 STREAK = 2
+#: a directory is being read after this many opens, each within ``READING_S`` seconds of
+#: the one before
+READING_OPENS = 8
+READING_S = 5.0
 
 
 class _Walk:
-    __slots__ = ("last", "n", "streak", "until")
+    __slots__ = ("at", "last", "n", "opens", "streak", "until")
 
     def __init__(self, i: int, first: int) -> None:
         self.last = i  # index of the last file opened
         self.streak = 0  # in-order opens running
         self.until = i  # index of the last file handed to submit
         self.n = first  # files to hand over next time
+        self.opens = 1  # opens running, each within READING_S of the one before
+        self.at = time.monotonic()  # when the last one was
 
 
 class FetchAhead:
@@ -67,6 +77,17 @@ class FetchAhead:
         #: files handed to ``submit`` so far (``airfs status``: ``fs.fetched_ahead``)
         self.submitted = 0
 
+    def reading(self, dir_path: str) -> bool:
+        """Whether files of ``dir_path`` are being opened to read, in any order (see the
+        module's text); False when fetching ahead is off (no cache)."""
+        walk = self._walks.get(dir_path)
+        return (
+            self.submit is not None
+            and walk is not None
+            and walk.opens >= READING_OPENS
+            and time.monotonic() - walk.at < READING_S
+        )
+
     def opened(self, path: str) -> None:
         """A file at ``path`` was opened to read: continue or break its directory's walk."""
         if self.submit is None:
@@ -88,6 +109,9 @@ class FetchAhead:
                 self._walks.popitem(last=False)
             return
         self._walks.move_to_end(parent)
+        now = time.monotonic()
+        walk.opens = walk.opens + 1 if now - walk.at < READING_S else 1
+        walk.at = now
         if 0 < i - walk.last <= 2:
             walk.streak += 1
         elif i != walk.last:

@@ -144,6 +144,20 @@ class ReadPath(Protocol):
         verified)."""
         ...
 
+    def knows(self, obj: ObjectRef) -> bool:
+        """Whether a cache holds, or is filling, any of version ``obj`` (a hint for how to
+        revalidate it; never blocks). False without a cache."""
+        ...
+
+    def store_fetched(self, obj: ObjectRef, data: memoryview) -> bool:
+        """``data`` is the whole content of version ``obj``, just read from the origin (a
+        cold small file revalidated by reading it: ``Capabilities.whole_reads``). A cache
+        stores it in the background as a whole-file fetch would (checksummed, written into
+        its cache file), and a :meth:`local_file` of ``obj`` meanwhile waits for that rather
+        than read the origin again. False when not taken (no cache, known already, stopped);
+        never blocks."""
+        ...
+
     def backing_statistics(self) -> BackingStats | None:
         """Counters of the local files handed out by :meth:`local_file` (None without a
         cache)."""
@@ -222,6 +236,12 @@ class DirectReadPath:
 
     def local_file_now(self, obj: ObjectRef) -> LocalFile | None:
         return None
+
+    def knows(self, obj: ObjectRef) -> bool:
+        return False
+
+    def store_fetched(self, obj: ObjectRef, data: memoryview) -> bool:
+        return False
 
     def backing_statistics(self) -> BackingStats | None:
         return None

@@ -1,6 +1,9 @@
 """How the core asks the origin about names (a mixin of :class:`~airfs.core.base.Core`):
 one name by ``stat``, or a whole directory by listing it when that is worth it (the rules in
-:mod:`airfs.core.listings`), and an entry refreshed once its TTL is over. Trio loop only; the
+:mod:`airfs.core.listings`), or -- a cold file of at most ``WHOLE_READ_MAX`` bytes in a
+directory being read (:meth:`~airfs.core.ahead.FetchAhead.reading`), on an origin with
+``whole_reads`` -- by reading it whole, which fills the cache for its open; and an entry
+refreshed once its TTL is over. Trio loop only; the
 origin calls go to worker threads (:mod:`airfs.origin.aio`)."""
 
 from __future__ import annotations
@@ -15,15 +18,21 @@ from airfs.origin.base import Entry, Kind, NotADir, NotFound, OriginError, join,
 
 from .inodes import Node
 from .listings import Listing
-from .readpath import files_listed
+from .readpath import ObjectRef, files_listed
 
 if TYPE_CHECKING:
     from airfs.origin.aio import AsyncOrigin
 
+    from .ahead import FetchAhead
     from .listings import ListingCache
     from .readpath import ReadPath
 
 log = logging.getLogger("airfs.core.base")
+
+#: a cold file of at most this many bytes, in a directory being read, is revalidated by
+#: reading it whole (``Capabilities.whole_reads``): the request that checks its name also
+#: fetches what its open is about to read
+WHOLE_READ_MAX = 1 << 20
 
 
 class Revalidation:
@@ -33,6 +42,7 @@ class Revalidation:
     origin: AsyncOrigin
     listings: ListingCache
     readpath: ReadPath
+    ahead: FetchAhead
     relisting: dict[str, trio.Event]
     ttl: float
     #: what asking the origin about one name costs (seconds, a moving mean)
@@ -62,6 +72,10 @@ class Revalidation:
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)
+            if listing is None and self.ahead.reading(parent):
+                whole = await self._read_whole(parent, name, path)
+                if whole is not None:
+                    return whole
             if listing is None and (
                 self.listings.worth_relisting(parent, self.name_s)
                 or self.listings.first_listing_due(parent, name)
@@ -86,12 +100,42 @@ class Revalidation:
                     [path, *(join(parent, n) for n in more)], fast=True
                 )
                 self.name_cost(t0, len(got))
+                self.listings.asked(parent, len(more))
                 asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
                 self.listings.put_ahead(parent, asked, t0)
                 return got[path], t0
         t0 = time.monotonic()
         entry = await self.stat(path, fast=True)
         self.name_cost(t0, 1)
+        return entry, t0
+
+    async def _read_whole(
+        self, parent: str, name: str, path: str
+    ) -> tuple[Entry | None, float] | None:
+        """Revalidate ``path``, a file of the directory ``parent`` being read whose (expired)
+        listing shows a version of at most ``WHOLE_READ_MAX`` bytes that the cache does not
+        know, by reading it whole: one request answers the name (as a ``stat`` would, valid
+        from when it was asked) and its bytes go to the cache
+        (:meth:`~airfs.core.readpath.ReadPath.store_fetched`), so that the open that follows
+        reads nothing more from the origin. None: not such a file (ask as usual)."""
+        old = self.listings.latest(parent)
+        e = old.entries.get(name) if old is not None else None
+        if (
+            e is None
+            or e.kind is not Kind.FILE
+            or not 0 < e.size <= WHOLE_READ_MAX
+            or e.nlink > 1
+            or not self.origin.capabilities.whole_reads
+            or self.readpath.knows(ObjectRef(path, e.version, e.size))
+        ):
+            return None
+        t0 = time.monotonic()
+        try:
+            entry, data = await self.origin.read_small(path, WHOLE_READ_MAX)
+        except NotFound:
+            return None  # gone, or a directory now: asked as usual
+        if data is not None:
+            self.readpath.store_fetched(ObjectRef(path, entry.version, entry.size), data)
         return entry, t0
 
     def name_cost(self, t0: float, names: int) -> None:

@@ -30,15 +30,19 @@ async def collect_files(
 ) -> list[ObjectRef]:
     """Every file under ``paths`` (files themselves, directories recursively), listing
     directories concurrently. Raises the origin's error for a path that does not exist.
-    ``on_listing(dir, entries, at)`` sees each listing (the core keeps them for lookups)."""
+    ``on_listing(dir, entries, at)`` sees each listing (the core keeps them for lookups),
+    except bare ones: where the origin has them (``Capabilities.bare_lists``: S3) the
+    listings ask no attributes (no HEAD per object: a warm needs only the versions), and
+    such a listing is not kept for lookups (its modes and owners may be defaults)."""
     out: list[ObjectRef] = []
     limit = trio.CapacityLimiter(jobs)
+    bare = origin.capabilities.bare_lists
 
     async def visit_dir(path: str, nursery: trio.Nursery) -> None:
         async with limit:
             t0 = time.monotonic()
-            entries = await origin.list(path)
-        if on_listing is not None:
+            entries = await origin.list(path, attrs=False)
+        if on_listing is not None and not bare:
             on_listing(path, entries, t0)
         for e in entries:
             child = join(path, e.name)

@@ -175,6 +175,11 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "counter",
         "bytes served from buffers kept for their reader",
     ),
+    ("readpath", "fetched_at_lookup"): (
+        "airfs_cache_fetched_at_lookup_total",
+        "counter",
+        "cold small files read whole by the request that revalidated their name",
+    ),
     ("readpath", "prefetch_window_current"): (
         "airfs_prefetch_window_bytes",
         "gauge",

@@ -43,6 +43,7 @@ from .base import (
     FsStats,
     Kind,
     NotFound,
+    NotSupported,
     Origin,
     OriginError,
     Stalled,
@@ -364,7 +365,16 @@ class AsyncOrigin:
         self.stat_s = 0.8 * self.stat_s + 0.2 * (perf_counter() - t0) / len(out)
         return out
 
-    async def list(self, path: str, *, fast: bool = False) -> list[Entry]:
+    async def list(self, path: str, *, fast: bool = False, attrs: bool = True) -> list[Entry]:
+        """``attrs=False``: a bare listing where the origin has them (``bare_lists``); check
+        ``capabilities.bare_lists`` to know which one was given."""
+        if not attrs and self.capabilities.bare_lists:
+            return await self.call(
+                lambda: list(self.sync.list(path, attrs=False)),  # type: ignore[call-arg]
+                what=f"list {path}",
+                op="list",
+                fast=fast,
+            )
         return await self.call(
             lambda: list(self.sync.list(path)), what=f"list {path}", op="list", fast=fast
         )
@@ -374,6 +384,20 @@ class AsyncOrigin:
     ) -> bytes:
         return await self.call(
             self.sync.read_range, path, offset, size, version, what=f"read {path}", op="read"
+        )
+
+    async def read_small(self, path: str, most: int) -> tuple[Entry, memoryview | None]:
+        """See ``Capabilities.whole_reads`` (an origin without it: ``NotSupported``); a
+        revalidation's request (``fast``)."""
+        if not self.capabilities.whole_reads:
+            raise NotSupported(f"{path}: whole reads are not supported by this origin")
+        return await self.call(
+            self.sync.read_small,  # type: ignore[attr-defined]
+            path,
+            most,
+            what=f"read {path}",
+            op="read",
+            fast=True,
         )
 
     async def readlink(self, path: str) -> str:

@@ -215,7 +215,14 @@ class Capabilities:
     * ``special_files``: ``mknod`` creates FIFOs and sockets (and device nodes);
     * ``buffer_reads``: ``read_range_buffer(path, offset, size, version)`` returns what
       ``read_range`` would, as a read-only buffer (``memoryview``) over the client's own
-      memory, without copying it into a ``bytes`` (the block cache's fetches use it).
+      memory, without copying it into a ``bytes`` (the block cache's fetches use it);
+    * ``whole_reads``: ``read_small(path, most)`` returns a file's current entry and, when it
+      has at most ``most`` bytes, its whole content (a read-only buffer), in one request
+      (S3: one GET, whose answer carries what a HEAD's would): a cold small file is checked
+      and fetched by the same round trip;
+    * ``bare_lists``: ``list(path, attrs=False)`` gives the names, kinds, sizes and versions
+      without asking the stored attributes it does not know (S3: no HEAD per object), which
+      are the defaults there: for what needs the contents only (``airfs warm``).
     """
 
     pin: bool = False
@@ -230,6 +237,8 @@ class Capabilities:
     link_copies: bool = False
     special_files: bool = False
     buffer_reads: bool = False
+    whole_reads: bool = False
+    bare_lists: bool = False
 
 
 @runtime_checkable

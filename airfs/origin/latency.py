@@ -140,7 +140,9 @@ class LatencyOrigin:
 
     @property
     def capabilities(self) -> Capabilities:
-        return dataclasses.replace(self.inner.capabilities, buffer_reads=False)
+        return dataclasses.replace(
+            self.inner.capabilities, buffer_reads=False, whole_reads=False, bare_lists=False
+        )
 
     def check_name(self, path: str) -> None:
         self.inner.check_name(path)

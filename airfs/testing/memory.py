@@ -322,7 +322,9 @@ class FaultyOrigin:
 
     def __getattr__(self, name: str) -> object:
         if name == "capabilities":  # reads it cannot fault are not passed on
-            return dataclasses.replace(self.inner.capabilities, buffer_reads=False)
+            return dataclasses.replace(
+                self.inner.capabilities, buffer_reads=False, whole_reads=False, bare_lists=False
+            )
         target = getattr(self.inner, name)
         if not callable(target):
             return target

@@ -189,6 +189,26 @@ def test_read_range_buffer_is_read_range_without_the_copy(case: Case, origin: Or
         origin.read_range_buffer("missing", 0, 10)  # type: ignore[attr-defined]
 
 
+def test_read_small_is_stat_and_read_in_one_request(case: Case, origin: Origin) -> None:
+    """``Capabilities.whole_reads``: the entry ``stat`` gives and, up to ``most`` bytes, the
+    whole content, as a read-only buffer; a bigger file gives its entry only; a missing
+    name raises ``NotFound``."""
+    if not origin.capabilities.whole_reads:
+        pytest.skip(f"{case.name}: no whole reads")
+    data = os.urandom(3000)
+    case.put_bytes("w.bin", data)
+    entry, got = origin.read_small("w.bin", 4096)  # type: ignore[attr-defined]
+    assert entry == origin.stat("w.bin")
+    assert got is not None and got.readonly and bytes(got) == data
+    entry, got = origin.read_small("w.bin", 2999)  # type: ignore[attr-defined]
+    assert entry.size == 3000 and got is None
+    case.put_bytes("w.bin", b"two")
+    entry, got = origin.read_small("w.bin", 4096)  # type: ignore[attr-defined]
+    assert entry.version == origin.stat("w.bin").version and bytes(got or b"") == b"two"
+    with pytest.raises(NotFound):
+        origin.read_small("missing", 4096)  # type: ignore[attr-defined]
+
+
 # -- put ---------------------------------------------------------------------------------------
 
 

@@ -283,6 +283,8 @@ class S3Origin:
             owners=True,
             link_copies=True,
             buffer_reads=True,
+            whole_reads=True,
+            bare_lists=True,
         )
 
     def save_known(self, file: str) -> int:
@@ -310,8 +312,9 @@ class S3Origin:
     def stat(self, path: str) -> Entry:
         return self.reads.stat(path)
 
-    def list(self, path: str) -> builtins.list[Entry]:
-        return self.reads.list(path)
+    def list(self, path: str, *, attrs: bool = True) -> builtins.list[Entry]:
+        """See ``Capabilities.bare_lists`` for ``attrs``."""
+        return self.reads.list(path, attrs=attrs)
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         return self.reads.read_range(path, offset, size, version)
@@ -321,6 +324,10 @@ class S3Origin:
     ) -> memoryview:
         """See ``Capabilities.buffer_reads``."""
         return self.reads.read_range_buffer(path, offset, size, version)
+
+    def read_small(self, path: str, most: int) -> tuple[Entry, memoryview | None]:
+        """See ``Capabilities.whole_reads``."""
+        return self.reads.read_small(path, most)
 
     def readlink(self, path: str) -> str:
         return self.reads.readlink(path)

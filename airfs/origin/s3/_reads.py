@@ -17,7 +17,7 @@ from ..base import Conflict, Entry, FsStats, IsADir, NotADir, NotFound, NotSuppo
 from ._config import LIST_HEADS, PROBE_PREFIX
 from ._core import S3Client
 from ._errors import status_of, translate
-from ._meta import Meta
+from ._meta import Meta, parse
 
 
 class Reads:
@@ -47,12 +47,16 @@ class Reads:
         t = self.c.probe_time(path)[2] if first_t is None else first_t
         return self.c.dir_entry(name, mtime_ns=t)
 
-    def list(self, path: str) -> builtins.list[Entry]:
+    def list(self, path: str, *, attrs: bool = True) -> builtins.list[Entry]:
         """One level. Listings carry no user metadata: the attributes of an object come from
         what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
         each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
         their marker's attributes the same way where the server keeps them, else their
-        stable time (:meth:`.S3Client.probe_time`, one small listing each, with ``list_heads``)."""
+        stable time (:meth:`.S3Client.probe_time`, one small listing each, with ``list_heads``).
+        ``attrs=False`` (``Capabilities.bare_lists``): no HEAD nor probe at all, the
+        attributes not seen yet are the defaults (the names, kinds, sizes and versions are
+        right: what a warm needs)."""
+        heads = self.c.list_heads and attrs
         try:
             res = obstore.list_with_delimiter(self.c.store, path or None)
         except Exception as exc:
@@ -75,14 +79,14 @@ class Reads:
             name = p[cut:]
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
-            attrs = self.c.known.get(p, self.c.token(meta), recent=not self.c.list_heads)
-            if attrs is None and not self.c.list_heads:
-                attrs = Meta()
-            if attrs is None:
+            got = self.c.known.get(p, self.c.token(meta), recent=not heads)
+            if got is None and not heads:
+                got = Meta()
+            if got is None:
                 unknown.append((name, meta))
             else:
-                out[name] = self.c.file_entry(name, meta, attrs)
-        for name, entry in self._heads(unknown, dirs if self.c.list_heads else []):
+                out[name] = self.c.file_entry(name, meta, got)
+        for name, entry in self._heads(unknown, dirs if heads else []):
             out[name] = entry
         if not out and not has_marker and path:
             if self.c.head(path) is not None:
@@ -157,6 +161,28 @@ class Reads:
         if isinstance(err, NotFound) and self.c.is_dir(path):
             raise IsADir(f"{where}: is a directory")
         raise err
+
+    def read_small(self, path: str, most: int) -> tuple[Entry, memoryview | None]:
+        """One GET of ``path``: its entry as a HEAD would give it (remembered for listings)
+        and, when it has at most ``most`` bytes, its content (else None: the answer's body is
+        not read). Raises :class:`NotFound` when there is no object ``path`` (a directory
+        included: ask :meth:`stat`)."""
+        where = self.c.where(path)
+        if not path:
+            raise NotFound(f"{where}: not an object")
+        try:
+            res = obstore.get(self.c.store, path)
+            attrs = parse(res.attributes)
+            self.c.known.remember(path, self.c.token(res.meta), attrs)
+            entry = self.c.file_entry(split(path)[1], res.meta, attrs)
+            if entry.size > most:
+                return entry, None
+            body = memoryview(res.bytes())
+        except Exception as exc:
+            raise translate(exc, where) from None
+        if len(body) != entry.size:
+            raise Conflict(f"{where}: changed while read ({len(body)} of {entry.size} bytes)")
+        return entry, body
 
     def _check_version(self, path: str, version: str | None) -> None:
         meta = self.c.head(path)
