@@ -1,0 +1,142 @@
+"""Issue 23's small-file row with the daemon's counters: N cold small objects in one S3
+directory (SeaweedFS on loopback, ``airfs/testing/seaweed.py``) copied out of a fresh airfs
+mount with the seed's ``find | xargs -P JOBS -n 32 cp``, and what it cost: files/s, CPU
+seconds of the daemon, of SeaweedFS and of the whole machine, origin requests by kind, FUSE
+requests by kind and the daemon's revalidation counters (``airfs status --json``).
+
+``cold_s3.py`` measures the same row side by side with s3fs and rclone; this one says where a
+run's requests and CPU went (the stop-33 diagnosis in ``docs/benchmarks.md``). Run it from
+any directory: the mount imports the ``airfs`` this script imports.
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/bench/small_copy.py --files 15000 --rounds 2
+    ... --airfs-args "--ttl 300"      # names kept as long as the peers keep theirs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from airfs.testing.mountfix import airfs_cmd, mount, mount_from, teardown
+
+KiB = 1 << 10
+
+
+def proc_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (0 when it is gone)."""
+    try:
+        f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def named_cpu(comm: str) -> float:
+    """CPU seconds of every process named ``comm`` (SeaweedFS's ``weed``)."""
+    total = 0.0
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                st = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            if st[st.index("(") + 1 : st.rindex(")")] == comm:
+                total += proc_cpu(int(d))
+    return total
+
+
+def machine_cpu() -> tuple[float, float]:
+    """(busy, all) CPU seconds of the machine so far."""
+    v = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (sum(v) - v[3] - v[4]) / hz, sum(v) / hz
+
+
+def one_round(srv: Any, work: Path, files: int, jobs: int, extra: list[str]) -> dict[str, Any]:
+    mp, cache, dest = work / "mnt", work / "cache", work / "dest"
+    mp.mkdir(exist_ok=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    dest.mkdir()
+    m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint", srv.endpoint,
+              "--s3-path-style", *extra, env=dict(srv.env))  # fmt: skip
+    try:
+        d0, w0, s0 = proc_cpu(m.pid), named_cpu("weed"), machine_cpu()
+        t0 = time.perf_counter()
+        cmd = f"find {mp}/small -type f | xargs -P {jobs} -n 32 cp -t {dest}"
+        subprocess.run(["bash", "-c", cmd], check=True)
+        dt = time.perf_counter() - t0
+        d1, w1, s1 = proc_cpu(m.pid), named_cpu("weed"), machine_cpu()
+        if len(os.listdir(dest)) != files:
+            raise RuntimeError(f"copied {len(os.listdir(dest))} of {files} files")
+        st = json.loads(subprocess.run([*airfs_cmd(), "status", "--json", str(mp)],
+                                       capture_output=True, check=True).stdout)  # fmt: skip
+    finally:
+        m.umount()
+        teardown(m, check=False)
+    fs = st["fs"]
+    return {
+        "files_s": round(files / dt, 1),
+        "seconds": round(dt, 1),
+        "cpu_daemon_s": round(d1 - d0, 1),
+        "cpu_weed_s": round(w1 - w0, 1),
+        "machine_busy": f"{s1[0] - s0[0]:.1f} of {s1[1] - s0[1]:.1f} s",
+        "origin_calls": st["origin_calls"]["calls"],
+        "fuse_ops": fs["ops"],
+        "relists": fs["relists"],
+        "fast_opens": fs["fast_opens"],
+        "fetched_at_lookup": st["cache"].get("fetched_at_lookup"),
+        "latency_p50_s": {k: v["p50"] for k, v in fs["latency"].items()},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--files", type=int, default=15000)
+    ap.add_argument("--kib", type=int, default=150)
+    ap.add_argument("--jobs", type=int, default=256, help="xargs -P of the copy")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--airfs-args", default="", help="more `airfs mount` options")
+    ap.add_argument("--json", type=Path, help="write the rounds here too")
+    a = ap.parse_args()
+
+    import obstore
+    from obstore.store import S3Store
+
+    from airfs.testing.seaweed import seaweed_server
+
+    work = Path(tempfile.mkdtemp(prefix="airfs-small-copy-")).resolve()
+    if a.json is not None:
+        a.json = a.json.resolve()
+    mount_from(work)
+    rounds = []
+    try:
+        with seaweed_server(work / "sw") as srv:
+            store = S3Store(srv.bucket, endpoint=srv.endpoint, access_key_id=srv.access_key,
+                            secret_access_key=srv.secret_key, region="us-east-1",
+                            client_options={"allow_http": True})  # fmt: skip
+            payload = os.urandom(a.kib * KiB)
+            names = [f"bench/small/{i:06d}.bin" for i in range(a.files)]
+            with ThreadPoolExecutor(32) as ex:
+                list(ex.map(lambda n: obstore.put(store, n, payload), names))
+            for r in range(a.rounds):
+                got = one_round(srv, work, a.files, a.jobs, a.airfs_args.split())
+                rounds.append(got)
+                print(f"round {r + 1}: {json.dumps(got)}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if a.json is not None:
+        a.json.write_text(json.dumps(rounds, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
