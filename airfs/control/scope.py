@@ -9,13 +9,14 @@ it. The core still receives every full listing (its lookups must not believe in 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any, cast
 
 from airfs.core.attrs import Owner
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Kind, join
+from airfs.origin.base import Capabilities, Entry, Kind, join
 
 from .auth import Peer, R, X, may
 
@@ -63,7 +64,14 @@ class ScopedOrigin:
         """This view, typed as what it stands for."""
         return cast(AsyncOrigin, self)
 
-    async def list(self, path: str) -> list[Entry]:
+    @property
+    def capabilities(self) -> Capabilities:
+        """The origin's, less ``bare_lists``: the filter needs every entry's mode."""
+        return dataclasses.replace(self.origin.capabilities, bare_lists=False)
+
+    async def list(self, path: str, *, attrs: bool = True) -> list[Entry]:
+        """The entries ``caller`` may reach, always with their attributes (``attrs`` is
+        ignored: the filter needs the modes)."""
         t0 = time.monotonic()
         entries = await self.origin.list(path)
         if self.on_listing is not None:

@@ -125,6 +125,9 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
         entry, data = w.read_small("d/p", 1 << 20)  # its GET tells the mode, as a HEAD would
         assert entry.mode == 0o600 and bytes(data or b"") == b"private"
         assert {e.name: e.mode for e in w.list("d", attrs=False)}["p"] == 0o600  # seen now
+        assert {e.name: e.mode for e in w.list("d", attrs=False)}["q"] == 0o644
+        w.read_range_buffer("d/q", 0, 3, bare["q"].version)  # a fetch's first part: seen too
+        assert {e.name: e.mode for e in w.list("d", attrs=False)}["q"] == 0o640
     finally:
         w.close()
     c = other(default_mode=0o600)  # --s3-default-mode 600

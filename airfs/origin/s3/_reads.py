@@ -146,6 +146,8 @@ class Reads:
             res = obstore.get(self.c.store, path, options=options)
             if version is not None and res.meta.get("e_tag") != version:
                 raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
+            if offset == 0:  # its answer carries the object's metadata: a listing's HEAD less
+                self.c.known.remember(path, self.c.token(res.meta), parse(res.attributes))
             return memoryview(res.bytes())
         except Exception as exc:
             if status_of(exc) == 416:  # offset at or past the end of the object
