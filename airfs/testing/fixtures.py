@@ -63,6 +63,15 @@ class Volume:
         finally:
             src.unlink()
 
+    def origin_files(self, rel_dir: str, files: dict[str, bytes]) -> dict[str, bytes]:
+        """Write ``files`` (name -> bytes) into the directory ``rel_dir`` at the origin itself
+        (made first on a POSIX origin; S3 needs none); returns ``files``."""
+        if self.spec.dir is not None:
+            (self.spec.dir / rel_dir).mkdir(parents=True, exist_ok=True)
+        for name, data in files.items():
+            self.origin_put(f"{rel_dir}/{name}", data)
+        return files
+
     def origin_bytes(self, rel: str) -> bytes:
         e = self.spec.view.stat(rel)
         return self.spec.view.read_range(rel, 0, e.size) if e.size else b""

@@ -19,12 +19,7 @@ KiB = 1 << 10
 
 
 def files_at_origin(v: Volume, n: int) -> dict[str, bytes]:
-    files = {f"f{i:03d}.bin": os.urandom(40 * KiB + i) for i in range(n)}
-    if v.spec.dir is not None:
-        (v.spec.dir / "walk").mkdir()
-    for name, data in files.items():
-        v.origin_put(f"walk/{name}", data)
-    return files
+    return v.origin_files("walk", {f"f{i:03d}.bin": os.urandom(40 * KiB + i) for i in range(n)})
 
 
 def counters(v: Volume) -> tuple[int, int, dict[str, Any]]:

@@ -21,12 +21,7 @@ TTL = 0.3
 
 
 def put_files(v: Volume, n: int) -> dict[str, bytes]:
-    files = {f"f{i:03d}.bin": os.urandom(30 * KiB + i) for i in range(n)}
-    if v.spec.dir is not None:
-        (v.spec.dir / "data").mkdir()
-    for name, data in files.items():
-        v.origin_put(f"data/{name}", data)
-    return files
+    return v.origin_files("data", {f"f{i:03d}.bin": os.urandom(30 * KiB + i) for i in range(n)})
 
 
 def interleaved(names: list[str], ways: int = 3) -> list[str]:
