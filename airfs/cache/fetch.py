@@ -196,15 +196,18 @@ class Fetcher:
         reader: CachedReader | None,
         *,
         given: memoryview | None = None,
+        spawn: bool = True,
     ) -> Part:
         """Claim blocks ``[b0, b1)`` (none may be in flight) and fetch them in the background
-        (``given``: their bytes, to store only)."""
+        (``given``: their bytes, to store only). ``spawn=False``: the caller runs it at once
+        (``await _run_part(part)``, nothing awaited in between)."""
         assert self._nursery is not None, "Fetcher.run is not running"
         part = Part(obj, b0, b1, kind, reader)
         part.given = given
         for b in range(b0, b1):
             obj.inflight[b] = part
-        self._nursery.start_soon(self._run_part, part)
+        if spawn:
+            self._nursery.start_soon(self._run_part, part)
         return part
 
     def prefetch(self, reader: CachedReader, obj: CachedObject, span: tuple[int, int]) -> None:
@@ -215,7 +218,9 @@ class Fetcher:
         for x, y in split_runs(b0, b1, self.part_blocks, lambda b: bool(have[b]) or b in inflight):
             self.start_part(obj, x, y, FetchKind.PREFETCH, reader)
 
-    async def _run_part(self, part: Part) -> None:
+    async def _run_part(self, part: Part, *, slot: bool = True) -> None:
+        """Fetch (or store) ``part``; ``slot=False``: not within the ``max_parallel`` slots
+        (a caller that bounds its own concurrency: a warm's jobs)."""
         obj = part.obj
         n = part.end - part.start
         s = self._stats
@@ -231,7 +236,12 @@ class Fetcher:
                 return
             acquired = n
             async with contextlib.AsyncExitStack() as stack:
-                if not part.urgent and part.kind is not FetchKind.DEMAND and part.given is None:
+                if (
+                    slot
+                    and not part.urgent
+                    and part.kind is not FetchKind.DEMAND
+                    and part.given is None
+                ):
                     await stack.enter_async_context(self._parallel)
                 if part.abandoned():
                     s.prefetch_abandoned += 1
@@ -485,12 +495,20 @@ class Fetcher:
         for p in inflight.values():
             p.needed = True
             theirs[id(p)] = p
-        mine = [
-            self.start_part(obj, b0, b1, FetchKind.WARM, None)
-            for b0, b1 in split_runs(
-                0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight
-            )
-        ]
+        runs = list(
+            split_runs(0, obj.nblocks, self.part_blocks, lambda b: bool(have[b]) or b in inflight)
+        )
+        if len(runs) == 1 and not theirs:
+            # one part and no one else's (a small file): run it in this task, no task nor
+            # event between the caller and its fetch (a cancelled warm ends its fetch too)
+            part = self.start_part(obj, *runs[0], FetchKind.WARM, None, spawn=False)
+            part.urgent = urgent
+            await self._run_part(part, slot=False)
+            if part.error is not None:
+                raise part.error
+            self._stats.warm_bytes += part.end - part.start
+            return part.end - part.start
+        mine = [self.start_part(obj, b0, b1, FetchKind.WARM, None) for b0, b1 in runs]
         if urgent:
             for p in [*mine, *theirs.values()]:
                 if not p.started:

@@ -80,7 +80,6 @@ async def warm(
     total = sum(f.size for f in files)
     done = {"files": 0, "bytes": 0, "fetched": 0}
     failures: list[dict[str, str]] = []
-    sem = trio.Semaphore(max(1, jobs))
     last = 0.0
 
     def report(final: bool = False) -> None:
@@ -97,8 +96,10 @@ async def warm(
                 }
             )
 
-    async def one(obj: ObjectRef) -> None:
-        async with sem:
+    todo = iter(files)
+
+    async def worker() -> None:  # ``jobs`` of them take the files in order (no task per file)
+        for obj in todo:
             try:
                 done["fetched"] += await readpath.warm(obj)
             except OriginError as exc:
@@ -109,8 +110,8 @@ async def warm(
             report()
 
     async with trio.open_nursery() as nursery:
-        for obj in files:
-            nursery.start_soon(one, obj)
+        for _ in range(min(max(1, jobs), len(files))):
+            nursery.start_soon(worker)
     report(final=True)
     seconds = time.monotonic() - t0
     origin_after = readpath.statistics().origin_bytes_read

@@ -10,6 +10,9 @@ any directory: the mount imports the ``airfs`` this script imports.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/bench/small_copy.py --files 15000 --rounds 2
     ... --airfs-args "--ttl 300"      # names kept as long as the peers keep theirs
+    ... --warm --rounds 3             # `airfs warm -j 256` instead, beside a raw 256-thread GET
+    ... --py-spy /tmp/prof            # a py-spy profile of the daemon per round (SPY_ARGS:
+                                      # its options, default "--gil -r 200"; it slows the run)
 """
 
 from __future__ import annotations
@@ -60,7 +63,11 @@ def machine_cpu() -> tuple[float, float]:
     return (sum(v) - v[3] - v[4]) / hz, sum(v) / hz
 
 
-def one_round(srv: Any, work: Path, files: int, jobs: int, extra: list[str]) -> dict[str, Any]:
+def one_round(
+    srv: Any, work: Path, files: int, jobs: int, extra: list[str], *, warm: bool, spy: Path | None
+) -> dict[str, Any]:
+    """One fresh mount and empty cache: the copy (or ``airfs warm -j JOBS``) and its costs;
+    ``spy``: a py-spy profile of the daemon meanwhile (``--gil``: what holds the GIL)."""
     mp, cache, dest = work / "mnt", work / "cache", work / "dest"
     mp.mkdir(exist_ok=True)
     shutil.rmtree(cache, ignore_errors=True)
@@ -69,13 +76,26 @@ def one_round(srv: Any, work: Path, files: int, jobs: int, extra: list[str]) -> 
     m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint", srv.endpoint,
               "--s3-path-style", *extra, env=dict(srv.env))  # fmt: skip
     try:
+        spy_p = None
+        if spy is not None:
+            args = os.environ.get("SPY_ARGS", "--gil -r 200").split()  # py-spy's options
+            cmd = ["py-spy", "record", *args, "-f", "raw", "-o", str(spy), "-p", str(m.pid)]
+            spy_p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
         d0, w0, s0 = proc_cpu(m.pid), named_cpu("weed"), machine_cpu()
         t0 = time.perf_counter()
-        cmd = f"find {mp}/small -type f | xargs -P {jobs} -n 32 cp -t {dest}"
-        subprocess.run(["bash", "-c", cmd], check=True)
+        if warm:
+            subprocess.run([*airfs_cmd(), "warm", "-q", "-j", str(jobs), str(mp / "small")],
+                           check=True)  # fmt: skip
+        else:
+            cmd = f"find {mp}/small -type f | xargs -P {jobs} -n 32 cp -t {dest}"
+            subprocess.run(["bash", "-c", cmd], check=True)
         dt = time.perf_counter() - t0
         d1, w1, s1 = proc_cpu(m.pid), named_cpu("weed"), machine_cpu()
-        if len(os.listdir(dest)) != files:
+        if spy_p is not None:
+            spy_p.send_signal(2)
+            spy_p.wait(60)
+        if not warm and len(os.listdir(dest)) != files:
             raise RuntimeError(f"copied {len(os.listdir(dest))} of {files} files")
         st = json.loads(subprocess.run([*airfs_cmd(), "status", "--json", str(mp)],
                                        capture_output=True, check=True).stdout)  # fmt: skip
@@ -94,6 +114,8 @@ def one_round(srv: Any, work: Path, files: int, jobs: int, extra: list[str]) -> 
         "relists": fs["relists"],
         "fast_opens": fs["fast_opens"],
         "fetched_at_lookup": st["cache"].get("fetched_at_lookup"),
+        "warm_bytes": st["cache"].get("warm_bytes"),
+        "index_flushes": st["cache"].get("index_flushes"),
         "latency_p50_s": {k: v["p50"] for k, v in fs["latency"].items()},
     }
 
@@ -106,6 +128,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--airfs-args", default="", help="more `airfs mount` options")
     ap.add_argument("--json", type=Path, help="write the rounds here too")
+    ap.add_argument("--warm", action="store_true",
+                    help="`airfs warm -j JOBS` instead of the copy, and a raw JOBS-thread GET "
+                         "of the same objects in the same run (issue 23's warm row)")  # fmt: skip
+    ap.add_argument("--py-spy", type=Path, help="a --gil raw profile of the daemon per round "
+                    "(FILE.N)")  # fmt: skip
     a = ap.parse_args()
 
     import obstore
@@ -128,7 +155,15 @@ def main() -> int:
             with ThreadPoolExecutor(32) as ex:
                 list(ex.map(lambda n: obstore.put(store, n, payload), names))
             for r in range(a.rounds):
-                got = one_round(srv, work, a.files, a.jobs, a.airfs_args.split())
+                spy = None if a.py_spy is None else a.py_spy.with_name(f"{a.py_spy.name}.{r + 1}")
+                got = one_round(srv, work, a.files, a.jobs, a.airfs_args.split(), warm=a.warm,
+                                spy=spy)  # fmt: skip
+                if a.warm:
+                    t0 = time.perf_counter()
+                    with ThreadPoolExecutor(a.jobs) as ex:
+                        list(ex.map(lambda n: bytes(obstore.get(store, n).bytes()), names))
+                    got["raw_files_s"] = round(a.files / (time.perf_counter() - t0), 1)
+                    got["ratio_raw"] = round(got["files_s"] / got["raw_files_s"], 2)
                 rounds.append(got)
                 print(f"round {r + 1}: {json.dumps(got)}", flush=True)
     finally:
