@@ -397,8 +397,7 @@ class CachedReadPath:
             await self._keeper.ensure_loaded(cobj)
             if cobj.cached == 0 and not cobj.inflight and not cobj.dead:
                 self._table.touch(cobj)
-                part = self._fetcher.start_given(cobj, data)
-                await part.stored.wait()
+                part = await self._fetcher.store_given(cobj, data)
                 if part.error is None and cobj.cached == cobj.size:
                     self.backing.written(cobj)  # checksummed as written: no read-back
                     self.stats.fetched_at_lookup += 1

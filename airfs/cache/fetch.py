@@ -127,7 +127,7 @@ class Part:
         self.data: bytes | memoryview | None = None
         self.error: BaseException | None = None
         self.held = False  # stored, its buffer kept for its reader (in ``obj.held``)
-        #: its bytes, read from the origin already (``Fetcher.start_given``): only stored
+        #: its bytes, read from the origin already (``Fetcher.store_given``): only stored
         self.given: memoryview | None = None
 
     def abandoned(self) -> bool:
@@ -181,11 +181,14 @@ class Fetcher:
         assert self._nursery is not None, "Fetcher.run is not running"
         self._nursery.start_soon(fn, *args)
 
-    def start_given(self, obj: CachedObject, data: memoryview) -> Part:
+    async def store_given(self, obj: CachedObject, data: memoryview) -> Part:
         """Store ``data``, the whole content of the loaded, pinned, empty ``obj`` read from
         the origin already, as a whole-file fetch would (checksummed and written into a new
-        cache file by one worker-thread job); no origin read, no budget wait."""
-        return self.start_part(obj, 0, obj.nblocks, FetchKind.WARM, None, given=data)
+        cache file by one worker-thread job), in the caller's task; no origin read, no budget
+        wait. Returns the part, stored (``error`` None) or not."""
+        part = self.start_part(obj, 0, obj.nblocks, FetchKind.WARM, None, given=data, spawn=False)
+        await self._run_part(part, slot=False)
+        return part
 
     def start_part(
         self,
@@ -448,7 +451,7 @@ class Fetcher:
         store: bool,
     ) -> tuple[bytes | memoryview, array[int] | None, int]:
         """Worker thread: :meth:`_fetch_job`'s half after the origin read, for ``data``
-        read at ``start`` (also what stores the bytes of :meth:`start_given`)."""
+        read at ``start`` (also what stores the bytes of :meth:`store_given`)."""
         new_fd = -1
         try:
             if create:
