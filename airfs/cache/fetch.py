@@ -94,11 +94,13 @@ class Part:
         "b1",
         "data",
         "done",
+        "dropped",
         "end",
         "epoch",
         "error",
         "given",
         "held",
+        "inline",
         "kind",
         "needed",
         "obj",
@@ -129,6 +131,11 @@ class Part:
         self.held = False  # stored, its buffer kept for its reader (in ``obj.held``)
         #: its bytes, read from the origin already (``Fetcher.store_given``): only stored
         self.given: memoryview | None = None
+        #: run in its caller's task (``start_part(spawn=False)``), not the fetcher's
+        self.inline = False
+        #: an inline part whose caller was cancelled: ended with no error and no bytes, so
+        #: that whoever else waited for it plans again (the caller's cancel is not theirs)
+        self.dropped = False
 
     def abandoned(self) -> bool:
         """A prefetch whose reader closed or moved elsewhere before it started."""
@@ -207,6 +214,7 @@ class Fetcher:
         assert self._nursery is not None, "Fetcher.run is not running"
         part = Part(obj, b0, b1, kind, reader)
         part.given = given
+        part.inline = not spawn
         for b in range(b0, b1):
             obj.inflight[b] = part
         if spawn:
@@ -345,7 +353,10 @@ class Fetcher:
             part.data = None if part.kind is FetchKind.WARM and crcs is not None else data
         except trio.Cancelled:
             if not part.done.is_set():
-                part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
+                if part.inline:
+                    part.dropped = True
+                else:
+                    part.error = OriginError(f"{obj.path}: read path closed", errno.EIO)
             raise
         except Exception as exc:
             if not part.done.is_set():
@@ -491,7 +502,19 @@ class Fetcher:
         """Fetch every block of the loaded, pinned ``obj`` not cached yet (waiting for parts
         already in flight); the bytes this call read from the origin. Raises the first error
         of any part waited for. ``urgent``: an open waits for it (a small file fetched whole
-        at open): its parts skip the budget queue and the prefetch slots, as a read's do."""
+        at open): its parts skip the budget queue and the prefetch slots, as a read's do.
+        A part of another caller's that was dropped (:attr:`Part.dropped`) is planned again."""
+        fetched = 0
+        while True:
+            got, again = await self._warm_once(obj, urgent)
+            fetched += got
+            if not again:
+                self._stats.warm_bytes += fetched
+                return fetched
+
+    async def _warm_once(self, obj: CachedObject, urgent: bool) -> tuple[int, bool]:
+        """:meth:`warm`'s one plan: the bytes it fetched, and whether a part it waited for
+        was dropped (plan again)."""
         have, inflight = obj.have, obj.inflight
         assert have is not None
         theirs: dict[int, Part] = {}
@@ -509,8 +532,7 @@ class Fetcher:
             await self._run_part(part, slot=False)
             if part.error is not None:
                 raise part.error
-            self._stats.warm_bytes += part.end - part.start
-            return part.end - part.start
+            return part.end - part.start, False
         mine = [self.start_part(obj, b0, b1, FetchKind.WARM, None) for b0, b1 in runs]
         if urgent:
             for p in [*mine, *theirs.values()]:
@@ -525,9 +547,7 @@ class Fetcher:
                 error = p.error
         if error is not None:
             raise error
-        fetched = sum(p.end - p.start for p in mine)
-        self._stats.warm_bytes += fetched
-        return fetched
+        return sum(p.end - p.start for p in mine), any(p.dropped for p in theirs.values())
 
     async def adopt(self, obj: CachedObject, local_file: str, size: int) -> bool:
         """Copy ``local_file`` (``size`` bytes, already checked) into the loaded, pinned

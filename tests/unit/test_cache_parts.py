@@ -26,6 +26,7 @@ from airfs.cache.direct import DirectWriter
 from airfs.cache.fetch import INLINE_WRITE_MAX
 from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
+from airfs.origin.base import Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.testing.memory import MemoryOrigin
 
@@ -449,3 +450,54 @@ async def test_a_big_warm_keeps_to_the_prefetch_slots(tmp_path: Path) -> None:
         with trio.fail_after(20):
             assert await rp.warm(ref(mo, "big")) == len(data)
         assert conc.most == 2 and rp.statistics().origin_requests == 4
+
+
+async def test_a_cancelled_warm_does_not_fail_another_waiting_for_its_fetch(
+    tmp_path: Path,
+) -> None:
+    """A small file's warm runs its fetch in its caller's task; when that caller is cancelled
+    (an interrupted open, a warm whose client went away) while its fetch waits (here in the
+    origin's retry backoff), another warm waiting for the same fetch plans again and gets the
+    file: the first one's cancel is not its error (with the cancel passed on, it failed with
+    EIO "read path closed")."""
+    mo = MemoryOrigin()
+    data = blob(150 * KiB, seed=40)
+    mo.put_bytes("f", data)
+
+    class FailOnce(Gate):
+        """The first read of ``held`` waits for :meth:`open`, then fails transiently."""
+
+        def read_range(
+            self, path: str, offset: int, size: int, version: str | None = None
+        ) -> bytes:
+            if path == self.held and self.blocked == 0:
+                self.blocked += 1
+                self._go.wait(30)
+                raise Transient(f"{path}: a transient failure")
+            return self.inner.read_range(path, offset, size, version)
+
+    gate = FailOnce(mo, "f")
+    async with cached(gate, tmp_path) as rp:
+        got: list[int] = []
+        first = trio.CancelScope()
+
+        async def cancelled_warm() -> None:
+            with first:
+                await rp.warm(ref(mo, "f"))
+
+        async def second_warm() -> None:
+            got.append(await rp.warm(ref(mo, "f")))
+
+        with trio.fail_after(20):
+            async with trio.open_nursery() as n:
+                n.start_soon(cancelled_warm)
+                while gate.blocked == 0:  # the first warm's read is in flight
+                    await trio.sleep(0.005)
+                n.start_soon(second_warm)
+                await trio.sleep(0.05)  # the second one waits for the first one's part
+                first.cancel()  # delivered when the read's thread is back: in the backoff
+                gate.open()
+        assert first.cancelled_caught and got == [len(data)]
+        lf = await rp.local_file(ref(mo, "f"))
+        assert lf is not None and os.pread(lf.fd, len(data) + 1, 0) == data
+        lf.release()
