@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from airfs.origin.base import (
     Capabilities,
@@ -336,3 +337,39 @@ class FaultyOrigin:
             return target(*args, **kwargs)
 
         return call
+
+
+class Recording:
+    """Wraps an origin; records every ``read_range`` (``ranges``) and the most of them in
+    progress at once (``max_running``). With ``meet``, each read waits (up to 10 s) until
+    ``meet`` reads are in progress together; ``delay``: each read takes that many seconds
+    more. Everything else goes to the wrapped origin."""
+
+    def __init__(self, inner: Any, *, meet: int = 0, delay: float = 0.0) -> None:
+        self.inner = inner
+        self.url = inner.url
+        self.ranges: builtins.list[tuple[str, int, int]] = []
+        self.running = 0
+        self.max_running = 0
+        self.delay = delay
+        self._lock = threading.Lock()
+        self._barrier = threading.Barrier(meet, timeout=10) if meet else None
+
+    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        with self._lock:
+            self.ranges.append((path, offset, size))
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+        try:
+            if self._barrier is not None:
+                self._barrier.wait()
+            if self.delay:
+                time.sleep(self.delay)
+            data: bytes = self.inner.read_range(path, offset, size, version)
+            return data
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)

@@ -7,7 +7,6 @@ import glob
 import json
 import os
 import random
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -23,36 +22,10 @@ from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Transient
 from airfs.origin.latency import LatencyOrigin
 from airfs.origin.posix import PosixOrigin
-from airfs.testing.memory import FaultyOrigin, MemoryOrigin
+from airfs.testing.memory import FaultyOrigin, MemoryOrigin, Recording
 
 KiB, MiB = 1 << 10, 1 << 20
 SMALL = {"block_size": 64 * KiB, "checksum_chunk": 16 * KiB}
-
-
-class Recording:
-    """Wraps an origin; records every read_range and the most running at once."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.url = inner.url
-        self.ranges: list[tuple[str, int, int]] = []
-        self.running = 0
-        self.max_running = 0
-        self._lock = threading.Lock()
-
-    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
-        with self._lock:
-            self.ranges.append((path, offset, size))
-            self.running += 1
-            self.max_running = max(self.max_running, self.running)
-        try:
-            return self.inner.read_range(path, offset, size, version)
-        finally:
-            with self._lock:
-                self.running -= 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def ref(origin: Any, path: str) -> ObjectRef:

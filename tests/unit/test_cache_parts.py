@@ -9,7 +9,6 @@ import json
 import os
 import random
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ from airfs.core.readpath import ObjectRef
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Transient
 from airfs.origin.latency import LatencyOrigin
-from airfs.testing.memory import MemoryOrigin
+from airfs.testing.memory import MemoryOrigin, Recording
 
 KiB, MiB = 1 << 10, 1 << 20
 OPTS = {"cache_size": 256 * MiB, "block_size": 256 * KiB, "checksum_chunk": 64 * KiB}
@@ -382,36 +381,6 @@ async def test_an_open_right_after_a_cold_read_waits_for_the_writes(
         lf.release()
 
 
-class Concurrent:
-    """Wraps an origin; counts its reads in progress at once (``most``); with ``meet``, each
-    read waits (up to 10 s) until ``meet`` reads are in progress together; else each takes
-    ``delay`` seconds."""
-
-    def __init__(self, inner: Any, meet: int = 0, delay: float = 0.0) -> None:
-        self.delay = delay
-        self.inner = inner
-        self.url = inner.url
-        self.now = self.most = 0
-        self._lock = threading.Lock()
-        self._barrier = threading.Barrier(meet, timeout=10) if meet else None
-
-    def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-        try:
-            if self._barrier is not None:
-                self._barrier.wait()
-            time.sleep(self.delay)
-            return self.inner.read_range(path, offset, size, version)
-        finally:
-            with self._lock:
-                self.now -= 1
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 async def test_warms_of_small_files_are_bounded_by_their_callers(tmp_path: Path) -> None:
     """A warm of a file fetched in one part runs in its caller's task, outside the prefetch
     slots (``airfs warm -j N`` and the prefetch queue's workers bound their own
@@ -421,7 +390,7 @@ async def test_warms_of_small_files_are_bounded_by_their_callers(tmp_path: Path)
     files = {f"f{i}": blob(150 * KiB, seed=20 + i) for i in range(3)}
     for k, v in files.items():
         mo.put_bytes(k, v)
-    conc = Concurrent(mo, meet=3)
+    conc = Recording(mo, meet=3)
     async with cached(conc, tmp_path, part_size=1 * MiB, max_parallel=1) as rp:
         got: dict[str, int] = {}
 
@@ -432,7 +401,7 @@ async def test_warms_of_small_files_are_bounded_by_their_callers(tmp_path: Path)
             async with trio.open_nursery() as n:
                 for name in files:
                     n.start_soon(one, name)
-        assert got == {k: len(v) for k, v in files.items()} and conc.most == 3
+        assert got == {k: len(v) for k, v in files.items()} and conc.max_running == 3
         for name, data in files.items():  # cached: no read of the origin any more
             lf = await rp.local_file(ref(mo, name))
             assert lf is not None and os.pread(lf.fd, len(data) + 1, 0) == data
@@ -445,11 +414,11 @@ async def test_a_big_warm_keeps_to_the_prefetch_slots(tmp_path: Path) -> None:
     mo = MemoryOrigin()
     data = blob(4 * MiB, seed=30)
     mo.put_bytes("big", data)
-    conc = Concurrent(mo, delay=0.1)
+    conc = Recording(mo, delay=0.1)
     async with cached(conc, tmp_path, part_size=1 * MiB, max_parallel=2) as rp:
         with trio.fail_after(20):
             assert await rp.warm(ref(mo, "big")) == len(data)
-        assert conc.most == 2 and rp.statistics().origin_requests == 4
+        assert conc.max_running == 2 and rp.statistics().origin_requests == 4
 
 
 async def test_a_cancelled_warm_does_not_fail_another_waiting_for_its_fetch(
