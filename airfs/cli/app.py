@@ -189,6 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
         "passthrough of local (cached or staged) files",
     )
     m.add_argument(
+        "--no-drop-behind",
+        action="store_true",
+        help="kernel transport: keep the kernel's page cache of a file read through the "
+        "daemon (by default, with passthrough, the pages a sequential reader passed are "
+        "dropped 64 MiB behind it: the cache file holds them, and the file's next open is "
+        "passed through to it)",
+    )
+    m.add_argument(
         "--rebuild-journal",
         action="store_true",
         help="rebuild a lost or damaged write-back journal from the staging files' own "

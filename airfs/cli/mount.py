@@ -78,6 +78,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         emulate_request_size=args.emulate_request_size,
         fuse=args.fuse,
         passthrough=not args.no_passthrough,
+        drop_behind=not args.no_drop_behind,
         rebuild_journal=args.rebuild_journal,
         metrics=args.metrics,
     )

@@ -61,6 +61,9 @@ class MountConfig:
     fuse: str = DEFAULT_TRANSPORT
     #: kernel transport: FUSE passthrough of local bytes when the kernel and CAP_SYS_ADMIN allow
     passthrough: bool = True
+    #: kernel transport, with passthrough: drop the page cache behind sequential readers of
+    #: files the daemon serves (:mod:`airfs.fuse.kernel.dropbehind`)
+    drop_behind: bool = True
     #: rebuild a lost or damaged journal from the staging files' own records
     rebuild_journal: bool = False
     #: serve Prometheus metrics on ``[ADDR:]PORT`` (None: off)

@@ -220,6 +220,7 @@ async def _serve(
             # daemon could not name: a restartable mount serves every read itself
             cfg.passthrough and link is None,
             state_dir=cfg.cache_dir if link is not None else None,
+            drop_behind=cfg.drop_behind,
         )
         transport = make_transport(cfg.fuse, built.fs, cfg.ttl, opts)
     except TransportError as exc:

@@ -78,6 +78,8 @@ class TransportOptions:
     #: kernel transport: record what the kernel holds in this cache dir, so that another
     #: daemon can take the connection over (None: not recorded)
     state_dir: str | None = None
+    #: kernel transport, with passthrough: drop the page cache behind sequential readers
+    drop_behind: bool = True
 
 
 class GoneRequestReplies(logging.Filter):
@@ -185,6 +187,7 @@ class KernelTransport:
             pages_limit=max_pages_limit(),
             passthrough=opts.passthrough and kmount.has_cap_sys_admin(),
             state=self.state,
+            drop_behind=opts.drop_behind,
         )
         if opts.debug:
             logging.getLogger("airfs.fuse.kernel").setLevel(logging.DEBUG)

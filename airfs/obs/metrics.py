@@ -323,6 +323,7 @@ _TRANSPORT = {
     "interrupts_ignored": "interrupted requests answered normally (a signal the caller handles)",
     "errors": "requests answered with an error",
     "passthrough_opens": "opens served by kernel passthrough",
+    "dropped_behind_bytes": "page cache given back behind sequential readers (bytes)",
 }
 
 #: every metric name (without the ``_created`` samples prometheus-client does not add here)

@@ -4,7 +4,9 @@ which answers ``-errno``). No file-system state lives here. What the transport m
 because only it talks to the kernel: the backing ids of passthrough opens
 (:class:`~.passthrough.BackingIds`, keyed by the core's name of the file; the core decides
 which opens pass through and counts them), and the signature of the listing the kernel may
-hold in each directory's page cache (what the kernel holds, not what the core holds).
+hold in each directory's page cache (what the kernel holds, not what the core holds), and
+which read-only handles have their pages dropped behind their readers
+(:class:`~.dropbehind.DropBehind`, where passthrough was negotiated).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from airfs.core.fs import Filesystem
 from airfs.fuse.policy import attr_timeout, entry_timeout, statvfs
 
 from . import proto
+from .dropbehind import DropBehind
+from .notify import Notifier
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
 from .takeover import StateLog
@@ -43,7 +47,10 @@ class Handlers:
     """The handlers of one session, made once INIT settled the protocol: ``minor`` (the
     kernel's protocol minor: the size of a WRITE's header), ``backing`` (the backing ids of
     passthrough opens, on the device; None when passthrough was not negotiated); ``ttl``
-    and ``negative_ttl`` are the entry/attribute and negative-entry timeouts."""
+    and ``negative_ttl`` are the entry/attribute and negative-entry timeouts; ``drop_behind``:
+    drop the page cache behind sequential readers of read-only daemon-served handles (only
+    with passthrough: then a cached file's later opens are served from the cache file, and
+    the FUSE file's pages have no later use). The session sets ``notifier``."""
 
     def __init__(
         self,
@@ -54,6 +61,7 @@ class Handlers:
         minor: int,
         backing: BackingIds | None,
         state: StateLog | None = None,
+        drop_behind: bool = False,
     ) -> None:
         self.fs = fs
         #: where what the kernel holds is recorded for a daemon taking over (None: nowhere)
@@ -68,6 +76,10 @@ class Handlers:
         self._dir_sigs: dict[int, int] = {}
         #: directory opens that let the kernel keep its cached listing
         self.dir_cache_kept = 0
+        #: the page cache behind sequential readers (None: off)
+        self.drop: DropBehind | None = DropBehind() if drop_behind and backing is not None else None
+        #: writes the kernel notifications (set by the session once INIT settled)
+        self.notifier: Notifier | None = None
 
     def table(self) -> dict[int, Handler]:
         """The handler of each opcode served through the core (others: see the session)."""
@@ -237,6 +249,8 @@ class Handlers:
         if self.state is not None:
             self.state.opened(fh, req.nodeid, flags, backing)
         if backing is None:
+            if self.drop is not None and flags & os.O_ACCMODE == os.O_RDONLY:
+                self.drop.track(fh)
             return proto.open_out(fh, out)
         # passthrough: not with KEEP_CACHE (the kernel serves the backing file's pages)
         out = (out & ~proto.FOPEN_KEEP_CACHE) | proto.FOPEN_PASSTHROUGH
@@ -281,6 +295,10 @@ class Handlers:
 
     async def _read(self, req: Request) -> Payload:
         fh, off, size, *_ = proto.unpack(proto.READ_IN, req.body, "READ")
+        if self.drop is not None and self.notifier is not None:
+            behind = self.drop.read(fh, off, size)
+            if behind is not None:
+                self.notifier.pages(req.nodeid, *behind)
         return await self.fs.read(fh, off, size)
 
     async def _write(self, req: Request) -> Payload:
@@ -302,6 +320,8 @@ class Handlers:
         (fh, *_) = proto.unpack(proto.RELEASE_IN, req.body, "RELEASE")
         pt = self.fs.passthrough
         key = pt.key_of(fh) if self.backing is not None else None
+        if self.drop is not None:
+            self.drop.forget(fh)
         try:
             await self.fs.release(fh)
         finally:

@@ -47,6 +47,13 @@ class Notifier:
         payload = proto.inval_inode(ino) if pages else proto.inval_inode(ino, -1, 0)
         self._q.put((proto.NOTIFY_INVAL_INODE_CODE, payload))
 
+    def pages(self, ino: int, off: int, length: int) -> None:
+        """Drop the kernel's cached pages of inode ``ino`` in ``[off, off + length)``. The
+        kernel also forgets the inode's attributes: the next ``stat`` or read (with
+        ``AUTO_INVAL_DATA``) asks the daemon, which answers within its TTL without the
+        origin."""
+        self._q.put((proto.NOTIFY_INVAL_INODE_CODE, proto.inval_inode(ino, off, length)))
+
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread once what it was given is written (at most ``timeout`` s)."""
         self._q.put(None)

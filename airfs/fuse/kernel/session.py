@@ -38,6 +38,7 @@ from airfs.core.passthrough import PassthroughStats
 from airfs.fuse.policy import failure_errno
 
 from . import proto
+from .dropbehind import DropStats
 from .handlers import NO_REPLY, Handler, Handlers, Payload
 from .interrupts import caller_dying
 from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_size
@@ -84,7 +85,8 @@ class SessionStats:
     signal the caller handles and answered normally (``interrupts_ignored``), answered with
     an error for a malformed request or an unexpected failure;
     directory opens that let the kernel keep its cached listing; the core's passthrough
-    record; the backing files registered with the kernel now."""
+    record; the backing files registered with the kernel now; the page cache dropped behind
+    readers (:mod:`.dropbehind`)."""
 
     negotiated: Negotiated | None
     requests: int
@@ -96,6 +98,8 @@ class SessionStats:
     passthrough: PassthroughStats
     backing_files: int
     interrupts_ignored: int = 0
+    #: the page cache dropped behind readers (None: drop-behind is off)
+    drop: DropStats | None = None
 
     @classmethod
     def before_mount(cls, passthrough: PassthroughStats) -> SessionStats:
@@ -117,6 +121,8 @@ class SessionStats:
             **self.passthrough.to_dict(),
             "dir_cache_kept": self.dir_cache_kept,
             "backing_files": self.backing_files,
+            "drop_behind": self.drop is not None,
+            "dropped_behind_bytes": self.drop.dropped_bytes if self.drop is not None else 0,
         }
 
 
@@ -144,8 +150,11 @@ class Session:
         negative_ttl: float | None = None,
         dying: Callable[[int], bool] = caller_dying,
         state: StateLog | None = None,
+        drop_behind: bool = False,
     ) -> None:
         self.fd = fd
+        #: drop the page cache behind sequential readers (with passthrough: :class:`.Handlers`)
+        self.drop_behind = drop_behind
         self.dying = dying
         #: what the kernel holds, recorded for a daemon taking over (None: not recorded)
         self.state = state
@@ -186,6 +195,7 @@ class Session:
             passthrough=self.fs.passthrough.statistics(),
             backing_files=len(h.backing) if h is not None and h.backing is not None else 0,
             interrupts_ignored=self.interrupts_ignored,
+            drop=h.drop.statistics() if h is not None and h.drop is not None else None,
         )
 
     async def run(self) -> None:
@@ -247,11 +257,13 @@ class Session:
             minor=int(neg.protocol.split(".")[1]),
             backing=BackingIds(self.fd) if self.passthrough and neg.passthrough else None,
             state=self.state,
+            drop_behind=self.drop_behind,
         )
         self._handlers = self.handlers.table()
         if self.notifier is None:
             self.notifier = Notifier(self.notify, expire_only="HAS_EXPIRE_ONLY" in neg.offered)
             self.fs.kernel.attach(self.notifier)
+        self.handlers.notifier = self.notifier
 
     def _read_ready(self) -> list[bytes]:
         batch: list[bytes] = []

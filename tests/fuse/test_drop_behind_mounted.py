@@ -1,0 +1,125 @@
+"""Drop-behind through a real kernel-transport mount: a cold file read sequentially through
+the daemon has the kernel's page cache behind its reader given back (asked with ``mincore``
+on a mapping of the same open file), its bytes stay right when read again, and
+``--no-drop-behind`` keeps them (the check can fail)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+import time
+
+import pytest
+
+from airfs.testing.fixtures import Volume
+
+pytestmark = pytest.mark.mount
+
+MiB = 1 << 20
+SIZE = 192 * MiB
+PAGE = 4096
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident(fd: int, size: int) -> bytes:
+    """One byte per page of the open file ``fd``: bit 0 set where the page is in the
+    kernel's page cache (``mincore`` on a private mapping never touched: its pages are the
+    file's own)."""
+    m = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
+    try:
+        vec = ctypes.create_string_buffer((size + PAGE - 1) // PAGE)
+        start = ctypes.c_char.from_buffer(m)
+        rc = _libc.mincore(ctypes.addressof(start), size, vec)
+        del start  # the mapping cannot close while exported
+        if rc != 0:
+            raise OSError(ctypes.get_errno(), "mincore")
+        return vec.raw
+    finally:
+        m.close()
+
+
+def share(vec: bytes, lo: int, hi: int) -> float:
+    """The share of the pages of ``[lo, hi)`` that are resident."""
+    pages = vec[lo // PAGE : hi // PAGE]
+    return sum(b & 1 for b in pages) / max(1, len(pages))
+
+
+def cold_file(v: Volume) -> bytes:
+    """A 192 MiB file at the origin itself (never read through this mount: its reads are
+    served by the daemon); returns its first MiB."""
+    head = os.urandom(MiB)
+    src = v.tmp / "big-src.bin"
+    with open(src, "wb") as f:
+        f.write(head)
+        f.truncate(SIZE)
+    if v.spec.dir is not None:
+        os.replace(src, v.spec.dir / "big.bin")
+    else:
+        v.spec.view.put("big.bin", str(src))
+        src.unlink()
+    return head
+
+
+def read_through(v: Volume) -> tuple[bytes, bytes]:
+    """Read the file to its end in 1 MiB reads; the page residency at the end, with the
+    open still held, and the first MiB read again through the same open."""
+    fd = os.open(v.root / "big.bin", os.O_RDONLY)
+    try:
+        while os.read(fd, MiB):
+            pass
+        deadline = time.monotonic() + 10
+        vec = resident(fd, SIZE)
+        # the notifications are written by the daemon's notifier thread: wait for them
+        while share(vec, 0, 64 * MiB) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            vec = resident(fd, SIZE)
+        return vec, os.pread(fd, MiB, 0)
+    finally:
+        os.close(fd)
+
+
+def kernel_volume(make_volume: object, monkeypatch: pytest.MonkeyPatch, *extra: str) -> Volume:
+    monkeypatch.setenv("AIRFS_TEST_FUSE", "kernel")
+    v: Volume = make_volume(*extra)  # type: ignore[operator]
+    fuse = v.m.status()["fuse"]
+    if not fuse.get("passthrough"):
+        pytest.skip("drop-behind needs FUSE passthrough (Linux 6.9+, CAP_SYS_ADMIN)")
+    return v
+
+
+def test_a_cold_sequential_read_gives_its_pages_back_behind_the_reader(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = kernel_volume(make_volume, monkeypatch)
+    assert v.m.status()["fuse"]["drop_behind"] is True
+    head = cold_file(v)
+    vec, again = read_through(v)
+    # 64 MiB kept behind the end, dropped 32 MiB at a time: the first 96 MiB are gone
+    assert share(vec, 0, 96 * MiB) < 0.05, share(vec, 0, 96 * MiB)
+    assert share(vec, SIZE - 48 * MiB, SIZE) > 0.9, share(vec, SIZE - 48 * MiB, SIZE)
+    assert again == head  # asked of the daemon again, from the cache file
+    fuse = v.m.status()["fuse"]
+    assert SIZE - 96 * MiB <= fuse["dropped_behind_bytes"] <= SIZE - 64 * MiB
+
+
+def test_no_drop_behind_keeps_the_page_cache(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    v = kernel_volume(make_volume, monkeypatch, "--no-drop-behind")
+    assert v.m.status()["fuse"]["drop_behind"] is False
+    head = cold_file(v)
+    fd = os.open(v.root / "big.bin", os.O_RDONLY)
+    try:
+        while os.read(fd, MiB):
+            pass
+        time.sleep(0.5)
+        vec = resident(fd, SIZE)
+        assert os.pread(fd, MiB, 0) == head
+    finally:
+        os.close(fd)
+    assert share(vec, 0, 96 * MiB) > 0.9, share(vec, 0, 96 * MiB)
+    assert v.m.status()["fuse"]["dropped_behind_bytes"] == 0
