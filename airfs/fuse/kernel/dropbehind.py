@@ -57,11 +57,13 @@ class DropBehind:
 
     ``keep``: bytes kept behind the furthest byte a run read (the kernel's readahead arrives
     up to a few MiB out of order, and a reader may look back a little); ``step``: the least
-    that is dropped at once (one notification per ``step`` bytes read); ``jitter``: how far
+    that is dropped at once (one notification per ``step`` bytes read: each costs the kernel
+    more than its pages do, measured: 32 MiB steps took 0.3 CPU s per GiB of a cold read
+    through the mount, 128 MiB steps none that showed); ``jitter``: how far
     from its run's end a read may land and still continue it (readahead requests answered
     out of order). All multiples of the page size."""
 
-    def __init__(self, *, keep: int = 64 << 20, step: int = 32 << 20, jitter: int = 8 << 20):
+    def __init__(self, *, keep: int = 64 << 20, step: int = 128 << 20, jitter: int = 8 << 20):
         for name, v in (("keep", keep), ("step", step), ("jitter", jitter)):
             if v <= 0 or v % PAGE:
                 raise ValueError(f"{name} must be a positive multiple of {PAGE}: {v}")
