@@ -124,3 +124,42 @@ def test_no_drop_behind_keeps_the_page_cache(
         os.close(fd)
     assert share(vec, 0, 96 * MiB) > 0.9, share(vec, 0, 96 * MiB)
     assert v.m.status()["fuse"]["dropped_behind_bytes"] == 0
+
+
+def test_a_drop_keeps_the_writes_of_a_shared_writable_mapping(
+    make_volume: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page dirtied through another open's shared writable mapping, inside a range dropped
+    behind a reader, reaches the daemon (the kernel writes it back before dropping it): the
+    reader, the mapping and the origin all see the write."""
+    v = kernel_volume(make_volume, monkeypatch)
+    cold_file(v)
+    path = v.root / "big.bin"
+    wfd = os.open(path, os.O_RDWR)
+    try:
+        m = mmap.mmap(wfd, MiB, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        try:
+            m[0:8] = b"dirtyPG0"  # not msync'ed: only in the page cache
+            before = v.m.status()["fuse"]["dropped_behind_bytes"]
+            rfd = os.open(path, os.O_RDONLY)
+            try:
+                while os.read(rfd, MiB):
+                    pass
+                deadline = time.monotonic() + 10
+                while (
+                    v.m.status()["fuse"]["dropped_behind_bytes"] == before
+                    and time.monotonic() < deadline
+                ):
+                    time.sleep(0.1)
+                assert v.m.status()["fuse"]["dropped_behind_bytes"] > before
+                time.sleep(0.5)  # the notifier's write of the drop
+                assert os.pread(rfd, 8, 0) == b"dirtyPG0"
+            finally:
+                os.close(rfd)
+            assert m[0:8] == b"dirtyPG0"
+        finally:
+            m.close()
+    finally:
+        os.close(wfd)
+    v.m.flush()
+    assert v.spec.view.read_range("big.bin", 0, 8) == b"dirtyPG0"
