@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,6 +62,15 @@ class Volume:
         try:
             self.spec.view.put(rel, str(src))
         finally:
+            src.unlink()
+
+    def origin_move(self, rel: str, src: Path) -> None:
+        """Move the local file ``src`` to ``rel`` at the origin itself (renamed into a POSIX
+        origin, keeping its holes; uploaded to S3 and removed)."""
+        if self.spec.dir is not None:
+            os.replace(src, self.spec.dir / rel)
+        else:
+            self.spec.view.put(rel, str(src))
             src.unlink()
 
     def origin_files(self, rel_dir: str, files: dict[str, bytes]) -> dict[str, bytes]:

@@ -57,11 +57,7 @@ def cold_file(v: Volume) -> bytes:
     with open(src, "wb") as f:
         f.write(head)
         f.truncate(SIZE)
-    if v.spec.dir is not None:
-        os.replace(src, v.spec.dir / "big.bin")
-    else:
-        v.spec.view.put("big.bin", str(src))
-        src.unlink()
+    v.origin_move("big.bin", src)
     return head
 
 

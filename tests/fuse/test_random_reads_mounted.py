@@ -45,11 +45,7 @@ def cold_file(v: Volume, offsets: list[int], span: int) -> dict[int, bytes]:
         for off in offsets:
             f.seek(off)
             want[off] = f.read(span)
-    if v.spec.dir is not None:
-        os.replace(src, v.spec.dir / "big.bin")
-    else:
-        v.spec.view.put("big.bin", str(src))
-        src.unlink()
+    v.origin_move("big.bin", src)
     return want
 
 
