@@ -93,6 +93,13 @@ def print_status(st: dict[str, Any]) -> None:
                 f"{'on' if fuse.get('passthrough') else 'off'}; {' '.join(fuse['flags'])}"
             )
         print(f"fuse         {fuse.get('transport')}{extra}")
+    gcs = st.get("gc")
+    if gcs:
+        print(
+            f"gc           young threshold {gcs['thresholds'][0]}; collections "
+            f"{'/'.join(map(str, gcs['collections']))} (young/middle/full), "
+            f"{sum(gcs['seconds']):.2f} s"
+        )
     gov = st.get("catalog") or {}
     if gov.get("catalog", {}).get("governed"):
         print(

@@ -11,9 +11,13 @@ import dataclasses
 import json
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from airfs.fuse import DEFAULT_TRANSPORT
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -156,4 +160,27 @@ def pop_option(args: list[str], name: str) -> str | None:
     i = args.index(name)
     value = args[i + 1]
     del args[i : i + 2]
+    return value
+
+
+def env_setting(
+    name: str,
+    default: T,
+    parse: Callable[[str], T],
+    what: str,
+    valid: Callable[[T], bool],
+    rule: str,
+) -> T:
+    """The daemon's setting in environment variable ``name``: ``default`` when unset, else its
+    value read by ``parse``. Raises ValueError naming the variable and its value, then ``what``
+    it should be when ``parse`` fails, or ``rule`` when ``valid`` refuses the value."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = parse(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r}: not {what}") from None
+    if not valid(value):
+        raise ValueError(f"{name}={raw!r}: {rule}")
     return value

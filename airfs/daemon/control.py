@@ -32,6 +32,7 @@ from airfs.origin.base import Entry, Kind, OriginError
 from airfs.writeback.staging import StagingArea
 from airfs.writeback.uploader import Uploader
 
+from . import gcpolicy
 from .build import Built
 from .config import MountConfig
 
@@ -90,6 +91,7 @@ class Daemon:
             "prefetch": self.prefetcher.statistics().to_dict(),
             "fuse": self.transport.statistics().to_dict(),
             "catalog": self.catalog_service.statistics().to_dict(),
+            "gc": gcpolicy.statistics().to_dict(),
         }
 
     async def catalog(self, caller: Peer, command: str, args: dict[str, Any]) -> Any:
@@ -252,6 +254,7 @@ class Daemon:
             origin=self.origin.statistics(),
             prefetch=self.prefetcher.statistics(),
             transport=self.transport.statistics().to_dict(),
+            gc=gcpolicy.statistics(),
         )
 
 

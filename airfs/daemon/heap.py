@@ -28,6 +28,8 @@ from typing import Any
 
 import trio
 
+from .config import env_setting
+
 log = logging.getLogger(__name__)
 
 #: glibc's ``mallopt`` parameter number for the arena cap
@@ -70,16 +72,10 @@ def trim() -> bool:
 
 def trim_idle_seconds() -> float:
     """:data:`TRIM_IDLE_S`, or ``AIRFS_HEAP_TRIM_S`` when set (a number of seconds, 0: off)."""
-    raw = os.environ.get("AIRFS_HEAP_TRIM_S")
-    if raw is None:
-        return TRIM_IDLE_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"AIRFS_HEAP_TRIM_S={raw!r}: not a number of seconds") from None
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"AIRFS_HEAP_TRIM_S={raw!r}: must be >= 0 and finite")
-    return value
+    return env_setting(
+        "AIRFS_HEAP_TRIM_S", TRIM_IDLE_S, float, "a number of seconds",
+        lambda v: v >= 0 and v != float("inf"), "must be >= 0 and finite",
+    )  # fmt: skip
 
 
 async def trim_when_idle(

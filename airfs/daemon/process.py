@@ -28,7 +28,7 @@ import trio
 from airfs.control.protocol import SocketDirError, socket_path
 from airfs.control.server import ControlServer
 from airfs.core.warm import BackgroundPrefetch
-from airfs.daemon import heap, memdebug
+from airfs.daemon import gcpolicy, heap, memdebug
 from airfs.fuse.transport import KernelTransport, TransportError, TransportOptions, make_transport
 from airfs.origin.base import OriginError
 from airfs.writeback.journal import JournalDamaged
@@ -448,6 +448,11 @@ def run(
         prepare_cache_dir(cfg.cache_dir)  # before the log file is created in it
         setup_logging(cfg, foreground)
         heap.limit_arenas()  # before any worker thread: see airfs/heap.py
+        try:
+            young = gcpolicy.young_threshold()
+        except ValueError as exc:
+            raise MountError(str(exc)) from None
+        gcpolicy.tune(young)  # modules are imported: freeze them (airfs/daemon/gcpolicy.py)
         link = Link(holder_fd) if holder_fd is not None else None
         return trio.run(serve, cfg, ready, link, takeover, standby)
     except Exception as exc:

@@ -73,6 +73,8 @@ class Snapshot:
     origin: Any
     prefetch: Any
     transport: Mapping[str, Any] | None
+    #: the daemon's garbage collector (:class:`airfs.daemon.gcpolicy.GcStats`)
+    gc: Any = None
 
 
 #: (record, field) -> (metric name, kind, help). Kind "counter" or "gauge".
@@ -326,6 +328,15 @@ _TRANSPORT = {
     "dropped_behind_bytes": "page cache given back behind sequential readers (bytes)",
 }
 
+#: the garbage collector's counters, labelled ``generation`` (0 young, 2 full)
+_GC = {
+    "collections": (
+        "airfs_gc_collections_total",
+        "collections of the daemon's cyclic garbage collector",
+    ),
+    "seconds": ("airfs_gc_seconds_total", "time the daemon's cyclic garbage collector ran"),
+}
+
 #: every metric name (without the ``_created`` samples prometheus-client does not add here)
 METRICS: tuple[str, ...] = (
     *(v[0] for v in _FIELDS.values()),
@@ -334,6 +345,7 @@ METRICS: tuple[str, ...] = (
     "airfs_origin_in_flight",
     "airfs_origin_down",
     *(f"airfs_fuse_{k}_total" for k in _TRANSPORT),
+    *(v[0] for v in _GC.values()),
 )
 
 
@@ -396,6 +408,14 @@ class StatsCollector(Collector):
             if isinstance(value, int):
                 counter = CounterMetricFamily(f"airfs_fuse_{key}", doc)
                 counter.add_metric([], value)
+                yield counter
+        if snap.gc is not None:
+            for field_name, (name, doc) in _GC.items():
+                counter = CounterMetricFamily(
+                    name.removesuffix("_total"), doc, labels=["generation"]
+                )
+                for gen, value in enumerate(getattr(snap.gc, field_name)):
+                    counter.add_metric([str(gen)], value)
                 yield counter
 
 

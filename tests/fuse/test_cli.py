@@ -33,8 +33,13 @@ pytestmark = [
 AIRFS = [sys.executable, "-m", "airfs.cli"]
 
 
-def run(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*AIRFS, *args], capture_output=True, text=True, timeout=timeout)
+def run(
+    *args: str, timeout: float = 60, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    full_env = None if env is None else {**os.environ, **env}
+    return subprocess.run(
+        [*AIRFS, *args], capture_output=True, text=True, timeout=timeout, env=full_env
+    )
 
 
 def daemons_for(mountpoint: Path) -> list[int]:
@@ -89,6 +94,12 @@ def test_bad_input_fails_cleanly(dirs: tuple[Path, Path, Path], tmp_path: Path) 
     (mnt / "stuff").unlink()
     p = run("mount", "--origin", "ftp://x/y", "--cache-dir", str(cache), str(mnt))
     assert_clean_failure(p, mnt, "unsupported origin")
+    for bad in ("many", "-5"):  # the daemon's collector threshold: named, nothing mounted
+        p = run(
+            "mount", "--origin", str(origin), "--cache-dir", str(cache), str(mnt),
+            env={"AIRFS_GC_YOUNG": bad},
+        )  # fmt: skip
+        assert_clean_failure(p, mnt, f"AIRFS_GC_YOUNG={bad!r}")
     p = run("mount", "--bogus-option", str(mnt))
     assert p.returncode == 2 and "unrecognized arguments: --bogus-option" in p.stderr
     assert not is_mounted(mnt)
@@ -213,6 +224,11 @@ def test_status_reports_the_mount(dirs: tuple[Path, Path, Path]) -> None:
         jq = st["journal"]
         assert jq["batches"] >= 1 and jq["failures"] == 0 and jq["queued"] == 0, jq
         assert st["cache"]["kind"] == "cached" and st["cache"]["cache_dir"].startswith(str(cache))
+        # the daemon's collector: the young threshold raised, the modules frozen at start
+        gc_st = st["gc"]
+        assert gc_st["thresholds"] == [50_000, 10, 10], gc_st
+        assert gc_st["frozen"] > 10_000, gc_st  # every module's functions and classes
+        assert len(gc_st["collections"]) == len(gc_st["seconds"]) == 3, gc_st
         p = run("status", str(mnt / "f"))
         assert p.returncode == 0 and "origin" in p.stdout and str(origin) in p.stdout
         p = run("status", str(origin))

@@ -66,8 +66,12 @@ def test_metrics_move_with_reads_and_writes(make_volume: Callable[..., Volume]) 
         "airfs_writeback_committed_bytes_total",
         "airfs_origin_in_flight",
         "airfs_background_prefetch_submitted_total",
+        "airfs_gc_collections_total",
+        "airfs_gc_seconds_total",
     ):
         assert n in names, n
+    for gen in "012":  # the daemon's collector, one sample per generation
+        assert ("airfs_gc_collections_total", (("generation", gen),)) in before, gen
 
     data = os.urandom(3 * MiB)
     (v.root / "w.bin").write_bytes(data)
