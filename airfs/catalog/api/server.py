@@ -71,23 +71,37 @@ class Server(ThreadingHTTPServer):
         self.uploads = Uploads(api)
         self.tls = tls
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        #: the requests holding a slot (by id): whoever removes one frees its slot, once
+        self._holding: set[int] = set()
         if ":" in address[0]:
             self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
+        """Serve ``request`` in a thread of its own, within a slot; the slot is freed once,
+        by the thread when it ends, or here when starting it failed. An exception out of
+        ``start()`` may come after the thread began (SIGTERM's ``SystemExit`` raised in its
+        wait for the thread): then whichever ends first frees the slot, never both."""
         self._slots.acquire()
+        self._holding.add(id(request))
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._free(request)
             raise
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._free(request)
+
+    def _free(self, request: Any) -> None:
+        try:
+            self._holding.remove(id(request))  # one step under the GIL: one caller wins
+        except KeyError:
+            return
+        self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         exc = sys.exc_info()[1]
