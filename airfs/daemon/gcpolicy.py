@@ -21,7 +21,6 @@ generation), recorded by a ``gc.callbacks`` hook that :func:`tune` installs.
 from __future__ import annotations
 
 import gc
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -78,7 +77,6 @@ class _Recorder:
 
 
 _recorder: _Recorder | None = None
-_lock = threading.Lock()
 
 
 def young_threshold() -> int:
@@ -94,10 +92,9 @@ def tune(young: int) -> GcStats:
     tracked now and record collections from now on. Call once, before the loop and its
     threads start, after the daemon's modules are imported. Returns the statistics then."""
     global _recorder
-    with _lock:
-        if _recorder is None:
-            _recorder = _Recorder()
-            gc.callbacks.append(_recorder)
+    if _recorder is None:  # before any thread: no lock needed
+        _recorder = _Recorder()
+        gc.callbacks.append(_recorder)
     if young > 0:
         _, middle, full = gc.get_threshold()
         gc.set_threshold(young, middle, full)

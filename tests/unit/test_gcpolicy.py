@@ -62,7 +62,8 @@ def test_zero_keeps_cpythons_thresholds_and_freezes_nothing() -> None:
     out = child(0)
     assert out["tuned"]["thresholds"] == out["default"]
     assert out["tuned"]["frozen"] == 0
-    assert out["after"]["collections"] == [0, 0, 1]  # still recorded
+    # still recorded (at CPython's threshold of 700 the cycles may set off a young one too)
+    assert out["after"]["collections"][2] == 1
 
 
 @pytest.mark.parametrize("raw", ["x", "-1", "1.5", ""])
