@@ -13,6 +13,8 @@ any directory: the mount imports the ``airfs`` this script imports.
     ... --warm --rounds 3             # `airfs warm -j 256` instead, beside a raw 256-thread GET
     ... --py-spy /tmp/prof            # a py-spy profile of the daemon per round (SPY_ARGS:
                                       # its options, default "--gil -r 200"; it slows the run)
+    ... --before /tmp/before          # each round also mounts from that checkout (its daemon
+                                      # imports airfs from there), the order alternating
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ def one_round(
     warm: bool,
     spy: Path | None,
     drop: bool,
+    tree: Path | None = None,
 ) -> dict[str, Any]:
     """One fresh mount and empty cache: the copy (or ``airfs warm -j JOBS``) and its costs;
-    ``spy``: a py-spy profile of the daemon meanwhile (``--gil``: what holds the GIL)."""
+    ``spy``: a py-spy profile of the daemon meanwhile (``--gil``: what holds the GIL);
+    ``tree``: the daemon (and ``airfs warm``) import ``airfs`` from that checkout."""
     mp, cache, dest = work / "mnt", work / "cache", work / "dest"
     mp.mkdir(exist_ok=True)
     shutil.rmtree(cache, ignore_errors=True)
@@ -92,8 +96,11 @@ def one_round(
     dest.mkdir()
     if drop:
         drop_caches()
+    env = dict(srv.env)
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
     m = mount(srv.url("bench"), mp, cache, "--fuse", "kernel", "--s3-endpoint", srv.endpoint,
-              "--s3-path-style", *extra, env=dict(srv.env))  # fmt: skip
+              "--s3-path-style", *extra, env=env)  # fmt: skip
     try:
         spy_p = None
         if spy is not None:
@@ -105,7 +112,7 @@ def one_round(
         t0 = time.perf_counter()
         if warm:
             subprocess.run([*airfs_cmd(), "warm", "-q", "-j", str(jobs), str(mp / "small")],
-                           check=True)  # fmt: skip
+                           check=True, env={**os.environ, **env})  # fmt: skip
         else:
             cmd = f"find {mp}/small -type f | xargs -P {jobs} -n 32 cp -t {dest}"
             subprocess.run(["bash", "-c", cmd], check=True)
@@ -155,6 +162,8 @@ def main() -> int:
                          "round's files are removed (see drop_caches)")  # fmt: skip
     ap.add_argument("--py-spy", type=Path, help="a --gil raw profile of the daemon per round "
                     "(FILE.N)")  # fmt: skip
+    ap.add_argument("--before", type=Path,
+                    help="another checkout: each round mounts from it too (order alternating)")
     a = ap.parse_args()
 
     import obstore
@@ -176,18 +185,22 @@ def main() -> int:
             names = [f"bench/small/{i:06d}.bin" for i in range(a.files)]
             with ThreadPoolExecutor(32) as ex:
                 list(ex.map(lambda n: obstore.put(store, n, payload), names))
+            trees: list[Path | None] = [None] if a.before is None else [None, a.before.resolve()]
             for r in range(a.rounds):
                 spy = None if a.py_spy is None else a.py_spy.with_name(f"{a.py_spy.name}.{r + 1}")
-                got = one_round(srv, work, a.files, a.jobs, a.airfs_args.split(), warm=a.warm,
-                                spy=spy, drop=a.drop_caches)  # fmt: skip
-                if a.warm:
-                    t0 = time.perf_counter()
-                    with ThreadPoolExecutor(a.jobs) as ex:
-                        list(ex.map(lambda n: bytes(obstore.get(store, n).bytes()), names))
-                    got["raw_files_s"] = round(a.files / (time.perf_counter() - t0), 1)
-                    got["ratio_raw"] = round(got["files_s"] / got["raw_files_s"], 2)
-                rounds.append(got)
-                print(f"round {r + 1}: {json.dumps(got)}", flush=True)
+                for tree in trees if r % 2 == 0 else trees[::-1]:
+                    extra = a.airfs_args.split()
+                    got = one_round(srv, work, a.files, a.jobs, extra, warm=a.warm, spy=spy,
+                                    drop=a.drop_caches, tree=tree)  # fmt: skip
+                    got["tree"] = "this" if tree is None else "before"
+                    if a.warm:
+                        t0 = time.perf_counter()
+                        with ThreadPoolExecutor(a.jobs) as ex:
+                            list(ex.map(lambda n: bytes(obstore.get(store, n).bytes()), names))
+                        got["raw_files_s"] = round(a.files / (time.perf_counter() - t0), 1)
+                        got["ratio_raw"] = round(got["files_s"] / got["raw_files_s"], 2)
+                    rounds.append(got)
+                    print(f"round {r + 1}: {json.dumps(got)}", flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     if a.json is not None:
