@@ -326,6 +326,7 @@ _TRANSPORT = {
     "errors": "requests answered with an error",
     "passthrough_opens": "opens served by kernel passthrough",
     "dropped_behind_bytes": "page cache given back behind sequential readers (bytes)",
+    "thread_replies": "replies of file data written by the reply thread, not the loop",
 }
 
 #: the garbage collector's counters, labelled ``generation`` (0 young, 2 full)

@@ -199,6 +199,9 @@ def test_sequential_read_uses_large_parallel_fetches(origin_spec: Any, make_volu
     drop_page_cache(v.root / "big.bin")
     again = hashlib.sha256(read_in_chunks(v.root / "big.bin")).hexdigest()
     assert again == got and cache_stats(v)["origin_bytes_read"] == s["origin_bytes_read"]
+    fuse = v.m.status()["fuse"]
+    if fuse["transport"] == "kernel":  # its data replies were written off the loop
+        assert fuse["thread_replies"] >= len(data) // (2 * MiB) and not fuse["thread_refused"]
 
 
 def test_warm_fills_cache(make_volume: Callable[..., Volume]) -> None:

@@ -17,7 +17,9 @@ packs the reply; ``OSError`` becomes ``-errno``, anything else is logged and ans
 a malformed request gets EINVAL and never stops the loop. ``FUSE_INTERRUPT`` cancels the
 interrupted request's cancel scope (it then answers EINTR) only when its caller is being
 killed (:mod:`.interrupts`); an interrupt by a signal the caller handles is counted and the
-request answered as if none came. Replies go out with ``os.writev``.
+request answered as if none came. Replies go out with ``os.writev``: from the loop, or -- those
+of at least ``THREAD_MIN`` bytes (file data) -- from the reply thread (:mod:`.replies`), so that
+copying a megabyte into a reader's pages never holds the next request.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from .negotiate import InitError, InitIn, Negotiated, negotiate, read_buffer_siz
 from .notify import Notifier
 from .passthrough import BackingIds
 from .proto import BadRequest, Op, Request
+from .replies import THREAD_MIN, ReplyWriter
 from .takeover import COMPACT_BYTES, StateLog
 
 log = logging.getLogger(__name__)
@@ -100,6 +103,9 @@ class SessionStats:
     interrupts_ignored: int = 0
     #: the page cache dropped behind readers (None: drop-behind is off)
     drop: DropStats | None = None
+    #: replies written by the reply thread (:mod:`.replies`), and of those refused (EIO)
+    thread_replies: int = 0
+    thread_refused: int = 0
 
     @classmethod
     def before_mount(cls, passthrough: PassthroughStats) -> SessionStats:
@@ -123,6 +129,8 @@ class SessionStats:
             "backing_files": self.backing_files,
             "drop_behind": self.drop is not None,
             "dropped_behind_bytes": self.drop.dropped_bytes if self.drop is not None else 0,
+            "thread_replies": self.thread_replies,
+            "thread_refused": self.thread_refused,
         }
 
 
@@ -179,6 +187,9 @@ class Session:
         self._handlers: dict[int, Handler] = {}
         #: writes the core's invalidations (made with the handlers)
         self.notifier: Notifier | None = None
+        #: writes the big replies while :meth:`run` runs (and what earlier ones wrote)
+        self._writer: ReplyWriter | None = None
+        self._thread_replies = self._thread_refused = 0
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -196,10 +207,13 @@ class Session:
             backing_files=len(h.backing) if h is not None and h.backing is not None else 0,
             interrupts_ignored=self.interrupts_ignored,
             drop=h.drop.statistics() if h is not None and h.drop is not None else None,
+            thread_replies=self._thread_replies + (w.written if (w := self._writer) else 0),
+            thread_refused=self._thread_refused + (w.refused if w else 0),
         )
 
     async def run(self) -> None:
         os.set_blocking(self.fd, False)
+        self._writer = ReplyWriter(self.fd)
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -209,6 +223,10 @@ class Session:
         finally:
             self._nursery = None
             self._detach()
+            writer, self._writer = self._writer, None
+            writer.close()  # what is queued is written first
+            self._thread_replies += writer.written
+            self._thread_refused += writer.refused
 
     def _detach(self) -> None:
         """The core stops giving leases; the notifier thread ends."""
@@ -245,6 +263,8 @@ class Session:
         with trio.move_on_after(grace):
             while self._scopes:
                 await trio.sleep(0.005)
+        if self._writer is not None:  # the replies given are written before the hand-over
+            await trio.to_thread.run_sync(self._writer.drain)
         if self.state is not None:
             self.state.flush()
         return len(self._scopes)
@@ -422,6 +442,11 @@ class Session:
         else:
             parts = [payload]
         size = sum(len(p) for p in parts)
+        if size >= THREAD_MIN and self._writer is not None:
+            if self.state is not None:
+                self.state.flush()
+            self._writer.put(unique, [proto.out_header(unique, 0, size), *parts])
+            return
         if not self._send([proto.out_header(unique, 0, size), *parts]):
             # the kernel refused the reply (e.g. larger than asked): the caller gets EIO
             # rather than waiting forever
