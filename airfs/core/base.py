@@ -46,7 +46,7 @@ from .kernelcache import KernelCache
 from .listings import ListingCache
 from .passthrough import SMALL_FILE_MAX, Passthrough
 from .readpath import ObjectRef, ReadPath
-from .revalidate import Revalidation
+from .revalidate import Question, Revalidation
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +139,8 @@ class Core(Revalidation):
         self.latency = Latencies()
         self.listings = ListingCache(ttl, trusted=self.trusts)
         self.relisting: dict[str, trio.Event] = {}
+        self.asking: dict[str, Question] = {}
+        self.joined_asks = 0
         #: what asking the origin about one name costs (seconds, a moving mean)
         self.name_s = 0.0
         #: opens answered inline (:meth:`~airfs.core.files.Files.open`'s fast way)

@@ -330,6 +330,7 @@ class Filesystem:
             ahead_hits=self.core.listings.ahead_hits,
             fast_opens=self.core.fast_opens,
             fetched_ahead=self.core.ahead.submitted,
+            joined_asks=self.core.joined_asks,
             kernel=self.core.kernel.statistics(),
             ops=dict(self.core.ops),
             latency=self.core.latency.snapshot(),

@@ -3,13 +3,15 @@ one name by ``stat``, or a whole directory by listing it when that is worth it (
 :mod:`airfs.core.listings`), or -- a cold file of at most ``WHOLE_READ_MAX`` bytes in a
 directory being read (:meth:`~airfs.core.ahead.FetchAhead.reading`), on an origin with
 ``whole_reads`` -- by reading it whole, which fills the cache for its open; and an entry
-refreshed once its TTL is over. Trio loop only; the
-origin calls go to worker threads (:mod:`airfs.origin.aio`)."""
+refreshed once its TTL is over. One question per name at a time: a caller that finds the same
+name being asked (:meth:`Revalidation.origin_entry`) waits for that answer instead of asking
+again. Trio loop only; the origin calls go to worker threads (:mod:`airfs.origin.aio`)."""
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import trio
@@ -35,6 +37,18 @@ log = logging.getLogger("airfs.core.base")
 WHOLE_READ_MAX = 1 << 20
 
 
+@dataclass(eq=False, slots=True)
+class Question:
+    """One name being asked of the origin (:meth:`Revalidation.origin_entry`): since ``t0``
+    (monotonic); ``done`` once it ended with its ``answer`` or origin ``error`` (neither:
+    cancelled)."""
+
+    t0: float
+    done: trio.Event = field(default_factory=trio.Event)
+    answer: tuple[Entry | None, float] | None = None
+    error: OriginError | None = None
+
+
 class Revalidation:
     """The core's origin lookups (mixed into :class:`~airfs.core.base.Core`, whose state
     they use: declared here, set by ``Core.__init__``)."""
@@ -44,6 +58,10 @@ class Revalidation:
     readpath: ReadPath
     ahead: FetchAhead
     relisting: dict[str, trio.Event]
+    #: the names being asked of the origin now
+    asking: dict[str, Question]
+    #: questions answered by one already in flight (:meth:`origin_entry`)
+    joined_asks: int
     ttl: float
     #: what asking the origin about one name costs (seconds, a moving mean)
     name_s: float
@@ -68,7 +86,41 @@ class Revalidation:
         """The origin's entry for ``path`` (None: it does not exist) and the monotonic time it
         is valid from: from a fresh listing of its directory when there is one (an expired
         listing is fetched again when that is worth it: :mod:`airfs.core.listings`), else
-        from ``stat``."""
+        from ``stat``.
+
+        One question per name at a time: a caller that comes while ``path`` is being asked,
+        by a question that started less than a TTL before it came, waits for that answer and
+        takes it: every change made at the origin more than a TTL before the caller came is
+        in it (the TTL contract). An origin error of that question is the waiting callers'
+        too; when it was cancelled (its request interrupted) they ask again. Without this,
+        the kernel's requests for one name that arrive while it is asked (a directory every
+        path walk goes through, whose attributes expired: one ``GETATTR`` per walker) each
+        cost an origin request."""
+        came = time.monotonic()
+        while (busy := self.asking.get(path)) is not None and busy.t0 > came - self.ttl:
+            await busy.done.wait()
+            if busy.error is not None:
+                self.joined_asks += 1
+                raise busy.error
+            if busy.answer is not None:
+                self.joined_asks += 1
+                return busy.answer
+            # that question was cancelled: ask (or join the next one)
+        q = Question(time.monotonic())
+        self.asking[path] = q
+        try:
+            q.answer = await self._ask_entry(path)
+            return q.answer
+        except OriginError as exc:
+            q.error = exc
+            raise
+        finally:
+            if self.asking.get(path) is q:
+                del self.asking[path]
+            q.done.set()
+
+    async def _ask_entry(self, path: str) -> tuple[Entry | None, float]:
+        """:meth:`origin_entry`'s question, asked once."""
         if path:
             parent, name = split(path)
             listing = self.listings.fresh(parent)

@@ -25,7 +25,9 @@ class CoreStats:
     (listings fetched again), ``ahead_hits`` (names answered by a walk's stats asked ahead:
     :mod:`airfs.core.listings`); ``fast_opens`` (opens answered inline: a fresh version
     complete in the block cache, no origin call); ``fetched_ahead`` (files of a directory read
-    in its listing's order handed to the background prefetch: :mod:`airfs.core.ahead`)."""
+    in its listing's order handed to the background prefetch: :mod:`airfs.core.ahead`);
+    ``joined_asks`` (names answered by a question of the origin already in flight for the
+    same name: :meth:`~airfs.core.revalidate.Revalidation.origin_entry`)."""
 
     inodes: int
     open_files: int
@@ -36,6 +38,7 @@ class CoreStats:
     ahead_hits: int = 0
     fast_opens: int = 0
     fetched_ahead: int = 0
+    joined_asks: int = 0
     #: what the kernel keeps past the TTL (:class:`~airfs.core.kernelcache.KernelCacheStats`)
     kernel: KernelCacheStats | None = None
     ops: Mapping[str, int] = field(default_factory=dict)
@@ -54,6 +57,7 @@ class CoreStats:
             "ahead_hits": self.ahead_hits,
             "fast_opens": self.fast_opens,
             "fetched_ahead": self.fetched_ahead,
+            "joined_asks": self.joined_asks,
             "kernel_cache": dataclasses.asdict(self.kernel) if self.kernel is not None else None,
             "latency": as_dicts(self.latency),
         }

@@ -100,6 +100,11 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "lookups answered by stats asked ahead of a directory walk",
     ),
     ("core", "fast_opens"): ("airfs_core_fast_opens_total", "counter", "opens answered inline"),
+    ("core", "joined_asks"): (
+        "airfs_core_joined_asks_total",
+        "counter",
+        "names answered by an origin question already in flight for the same name",
+    ),
     ("core", "fetched_ahead"): (
         "airfs_core_fetched_ahead_total",
         "counter",
