@@ -295,12 +295,10 @@ class CachedReadPath:
         self._table.demote_other_versions(cobj)
         return reader
 
-    async def warm(self, obj: ObjectRef, *, later: bool = False) -> int:
+    async def warm(self, obj: ObjectRef) -> int:
         """Fetch every block of ``obj`` not cached yet, with parallel range reads of up to
         ``part_size`` (waiting for fetches other readers already have in flight). Returns the
-        bytes this call read from the origin: 0 when everything was cached. ``later``: see
-        :meth:`airfs.core.readpath.ReadPath.warm` (the bytes this call fetches are written
-        with ``O_DIRECT`` where the cache directory allows it).
+        bytes this call read from the origin: 0 when everything was cached.
 
         Raises the origin's error (e.g. :class:`Conflict` if the version is gone). When the
         cache cannot hold the object the data is fetched but not kept (``uncached_bytes``)."""
@@ -312,7 +310,7 @@ class CachedReadPath:
         try:
             await self._keeper.ensure_loaded(cobj)
             self._table.touch(cobj)
-            return await self._fetcher.warm(cobj, later=later)
+            return await self._fetcher.warm(cobj)
         finally:
             cobj.pins -= 1
             self._table.maybe_release(cobj)

@@ -11,9 +11,7 @@ and readers wait on ``part.done`` and are served from ``part.data``. Kinds:
     ``max_parallel`` slots, and is abandoned if its reader closes or jumps away before it
     starts (unless a read comes to need it: then it is *urgent* and skips both queues);
 ``WARM``
-    :meth:`Fetcher.warm`: the whole object, in parts of ``part_size``; a warm for *later*
-    (``airfs warm``: no open waits for the bytes) writes even a small file's bytes past the
-    page cache (:mod:`airfs.cache.direct`), as the big parts of a sequential read are;
+    :meth:`Fetcher.warm`: the whole object, in parts of ``part_size``;
 ``ADOPT``
     :meth:`Fetcher.adopt`: copied from a local file, no origin read.
 
@@ -68,10 +66,6 @@ __all__ = ["INLINE_WRITE_MAX", "FetchKind", "Fetcher", "Part"]
 #: job (the write of 8 MiB costs more than the extra round trip)
 INLINE_WRITE_MAX = 1 << 20
 
-#: The largest file a warm for later writes whole with its own small bounce buffers, and how
-#: many of those there are (bigger single-part files take the parts' buffers)
-SMALL_DIRECT_MAX = 1 << 20
-SMALL_DIRECT_BUFFERS = 32
 #: Bounce buffers of the parts' ``O_DIRECT`` writes (of ``part_size`` each; write jobs beyond
 #: this many wait for one)
 DIRECT_BUFFERS = 8
@@ -108,7 +102,6 @@ class Part:
         "held",
         "inline",
         "kind",
-        "later",
         "needed",
         "obj",
         "reader",
@@ -140,8 +133,6 @@ class Part:
         self.given: memoryview | None = None
         #: run in its caller's task (``start_part(spawn=False)``), not the fetcher's
         self.inline = False
-        #: a warm for later (no open waits for it): written past the page cache, even small
-        self.later = False
         #: an inline part whose caller was cancelled: ended with no error and no bytes, so
         #: that whoever else waited for it plans again (the caller's cancel is not theirs)
         self.dropped = False
@@ -180,7 +171,6 @@ class Fetcher:
         self.budget = ByteBudget(inflight_budget)
         self._parallel = trio.CapacityLimiter(max_parallel)
         self._direct = DirectWriter(part_size, DIRECT_BUFFERS)
-        self._direct_small = DirectWriter(SMALL_DIRECT_MAX, SMALL_DIRECT_BUFFERS)
         self._held_max = inflight_budget // 2
         self.held_bytes = 0
         self._held: dict[int, Part] = {}  # id -> part kept (a few dozen at most)
@@ -304,7 +294,6 @@ class Fetcher:
                             create,
                             obj.size,
                             inline,
-                            part.later,
                             limiter=self._io_limiter,
                         )
                     else:
@@ -320,7 +309,6 @@ class Fetcher:
                             create,
                             obj.size,
                             inline,
-                            part.later,
                             what=f"read {obj.path}",
                             op="read",
                             abandon=False,  # it may be writing the cache file
@@ -414,7 +402,7 @@ class Fetcher:
     @property
     def direct_write_bytes(self) -> int:
         """Bytes written into cache files with ``O_DIRECT`` so far."""
-        return self._direct.direct_bytes + self._direct_small.direct_bytes
+        return self._direct.direct_bytes
 
     def release_held(self, part: Part) -> None:
         """Stop keeping ``part``'s buffer (read to its end, or its reader closed): its
@@ -447,13 +435,11 @@ class Fetcher:
         create: str,
         size: int,
         store: bool,
-        direct: bool = False,
     ) -> tuple[bytes | memoryview, array[int] | None, int]:
         """Worker thread, one attempt: read a range from the origin and checksum it; with
         ``store``, write it into the cache file too — ``fd``, or a new file at ``create`` (of
-        ``size`` bytes) whose descriptor is returned; ``direct``: past the page cache where
-        it can. The checksums are None when the bytes are not to be stored (neither ``fd``
-        nor ``create``, or the write failed)."""
+        ``size`` bytes) whose descriptor is returned. The checksums are None when the bytes
+        are not to be stored (neither ``fd`` nor ``create``, or the write failed)."""
         sync = self._origin.sync
         # a view of the client's buffer where the origin has one: no copy into a bytes
         data: bytes | memoryview = (
@@ -463,7 +449,7 @@ class Fetcher:
         )
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
-        return self._store_job(data, path, start, fd, create, size, store, direct)
+        return self._store_job(data, path, start, fd, create, size, store)
 
     def _store_job(
         self,
@@ -474,7 +460,6 @@ class Fetcher:
         create: str,
         size: int,
         store: bool,
-        direct: bool = False,
     ) -> tuple[bytes | memoryview, array[int] | None, int]:
         """Worker thread: :meth:`_fetch_job`'s half after the origin read, for ``data``
         read at ``start`` (also what stores the bytes of :meth:`store_given`)."""
@@ -487,11 +472,7 @@ class Fetcher:
             crcs = checksums(data, self._cs)
             if store:
                 allocate(fd, start, len(data))
-                if direct:
-                    small = self._direct_small
-                    (small if len(data) <= small.max_size else self._direct).write(fd, data, start)
-                else:
-                    write_all(fd, data, start)
+                write_all(fd, data, start)
         except OSError as exc:
             log.warning("cache: write to cache file of %s failed: %s", path, exc)
             return data, None, new_fd
@@ -517,23 +498,21 @@ class Fetcher:
         for p in writing.values():
             await p.stored.wait()
 
-    async def warm(self, obj: CachedObject, *, urgent: bool = False, later: bool = False) -> int:
+    async def warm(self, obj: CachedObject, *, urgent: bool = False) -> int:
         """Fetch every block of the loaded, pinned ``obj`` not cached yet (waiting for parts
         already in flight); the bytes this call read from the origin. Raises the first error
         of any part waited for. ``urgent``: an open waits for it (a small file fetched whole
         at open): its parts skip the budget queue and the prefetch slots, as a read's do.
-        ``later``: for a later job, no open waits for it: the parts this call starts write
-        past the page cache (:attr:`Part.later`).
         A part of another caller's that was dropped (:attr:`Part.dropped`) is planned again."""
         fetched = 0
         while True:
-            got, again = await self._warm_once(obj, urgent, later)
+            got, again = await self._warm_once(obj, urgent)
             fetched += got
             if not again:
                 self._stats.warm_bytes += fetched
                 return fetched
 
-    async def _warm_once(self, obj: CachedObject, urgent: bool, later: bool) -> tuple[int, bool]:
+    async def _warm_once(self, obj: CachedObject, urgent: bool) -> tuple[int, bool]:
         """:meth:`warm`'s one plan: the bytes it fetched, and whether a part it waited for
         was dropped (plan again)."""
         have, inflight = obj.have, obj.inflight
@@ -549,14 +528,12 @@ class Fetcher:
             # one part and no one else's (a small file): run it in this task, no task nor
             # event between the caller and its fetch (a cancelled warm ends its fetch too)
             part = self.start_part(obj, *runs[0], FetchKind.WARM, None, spawn=False)
-            part.urgent, part.later = urgent, later
+            part.urgent = urgent
             await self._run_part(part, slot=False)
             if part.error is not None:
                 raise part.error
             return part.end - part.start, False
         mine = [self.start_part(obj, b0, b1, FetchKind.WARM, None) for b0, b1 in runs]
-        for p in mine:
-            p.later = later
         if urgent:
             for p in [*mine, *theirs.values()]:
                 if not p.started:

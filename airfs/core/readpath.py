@@ -116,11 +116,9 @@ class ReadPath(Protocol):
 
     def open(self, obj: ObjectRef) -> Reader: ...
 
-    async def warm(self, obj: ObjectRef, *, later: bool = False) -> int:
+    async def warm(self, obj: ObjectRef) -> int:
         """Make the whole object local (if there is a cache); return the bytes fetched from the
-        origin. ``later``: the bytes are for a later job, no open is about to read them (``airfs
-        warm``): a cache writes them without filling the page cache where it can, so that a
-        cache fill takes no page from what the node is using."""
+        origin."""
         ...
 
     def statistics(self) -> ReadPathStatistics:
@@ -218,7 +216,7 @@ class DirectReadPath:
     def open(self, obj: ObjectRef) -> Reader:
         return _DirectReader(self._origin, obj)
 
-    async def warm(self, obj: ObjectRef, *, later: bool = False) -> int:
+    async def warm(self, obj: ObjectRef) -> int:
         return 0
 
     def discard(self, path: str, keep: str | None = None) -> int:

@@ -70,8 +70,7 @@ async def warm(
     on_progress: Callable[[dict[str, Any]], None] | None = None,
     on_listing: OnListing | None = None,
 ) -> dict[str, Any]:
-    """Fetch every file under ``paths`` into the cache with ``jobs`` concurrent fetches, for
-    a later job (``ReadPath.warm(later=True)``: past the page cache where the cache can).
+    """Fetch every file under ``paths`` into the cache with ``jobs`` concurrent fetches.
 
     Returns a summary: files, bytes (total size), fetched (bytes read from the origin; files
     already cached cost nothing), seconds, MiB/s, and failures (path and error, at most 20)."""
@@ -102,7 +101,7 @@ async def warm(
     async def worker() -> None:  # ``jobs`` of them take the files in order (no task per file)
         for obj in todo:
             try:
-                done["fetched"] += await readpath.warm(obj, later=True)
+                done["fetched"] += await readpath.warm(obj)
             except OriginError as exc:
                 failures.append({"path": obj.path, "error": str(exc)})
                 log.warning("warm %s failed: %s", obj.path, exc)

@@ -220,8 +220,6 @@ def test_warm_fills_cache(make_volume: Callable[..., Volume]) -> None:
     assert p.stdout.startswith(f"warmed {len(files)} files"), p.stdout
     before = cache_stats(v)
     assert before["warm_bytes"] >= total, before
-    # for a later job: the page-aligned bytes went to the cache files past the page cache
-    assert before["direct_write_bytes"] >= total - len(files) * 4096, before
     for rel, data in files.items():
         assert (v.root / rel).read_bytes() == data
     after = cache_stats(v)

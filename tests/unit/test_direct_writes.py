@@ -4,8 +4,6 @@ cache file still holds every byte (checked by its checksums) for the next reader
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import errno
 import mmap
 import os
@@ -170,71 +168,3 @@ async def test_airfs_direct_writes_0_turns_both_off(
         st = rp.statistics()
         assert st.direct_write_bytes == 0 and st.kept_hit_bytes == 0, st
         assert st.hit_bytes > 8 * MiB  # read back from the cache file instead
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-
-
-def resident_pages(path: Path) -> int:
-    """How many pages of the file at ``path`` are in the kernel's page cache (``mincore`` on
-    a private mapping never touched: its pages are the file's own)."""
-    size = path.stat().st_size
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        m = mmap.mmap(fd, size, mmap.MAP_PRIVATE, mmap.PROT_READ | mmap.PROT_WRITE)
-    finally:
-        os.close(fd)
-    try:
-        vec = ctypes.create_string_buffer(-(-size // ALIGN))
-        start = ctypes.c_char.from_buffer(m)
-        rc = _libc.mincore(ctypes.addressof(start), size, vec)
-        del start  # the mapping cannot close while exported
-        if rc != 0:
-            raise OSError(ctypes.get_errno(), "mincore")
-        return sum(b & 1 for b in vec.raw)
-    finally:
-        m.close()
-
-
-def cache_files(cache: Path) -> dict[int, Path]:
-    """The cache files under ``cache`` by size (the test's objects have distinct sizes)."""
-    return {
-        p.stat().st_size: p
-        for p in cache.rglob("*")
-        if p.is_file() and "index" not in p.parts and p.suffix not in (".mdb", ".log")
-    }
-
-
-async def test_a_warm_for_later_writes_small_files_past_the_page_cache(tmp_path: Path) -> None:
-    """``airfs warm`` (``ReadPath.warm(later=True)``): a small file's page-aligned bytes go
-    into its cache file with ``O_DIRECT`` (none of those pages is in the page cache), its
-    unaligned tail through the page cache; every byte reads back from the cache file, checked,
-    without the origin. A warm an open waits for (``later=False``) writes through the page
-    cache, which the passthrough open that follows reads."""
-    root = tmp_path / "origin"
-    root.mkdir()
-    sizes = {"a.bin": 150 * KiB + 100, "b.bin": 3 * KiB, "c.bin": 2 * MiB + 5, "d.bin": 150 * KiB}
-    objs: dict[str, tuple[bytes, ObjectRef]] = {}
-    for i, (name, n) in enumerate(sizes.items()):
-        (root / name).write_bytes(blob(n, 20 + i))
-        e = PosixOrigin(str(root)).stat(name)
-        objs[name] = (blob(n, 20 + i), ObjectRef(name, e.version, e.size))
-    async with cached(tmp_path) as rp:
-        for name in ("a.bin", "b.bin", "c.bin"):
-            assert await rp.warm(objs[name][1], later=True) == sizes[name]
-        heads = sum(n - n % ALIGN for name, n in sizes.items() if name != "d.bin")
-        assert rp.statistics().direct_write_bytes == heads
-        assert await rp.warm(objs["d.bin"][1]) == sizes["d.bin"]
-        st = rp.statistics()
-        assert st.direct_write_bytes == heads, st  # d.bin: through the page cache
-        files = cache_files(tmp_path / "cache")
-        assert resident_pages(files[sizes["a.bin"]]) <= 1  # its tail's page at most
-        assert resident_pages(files[sizes["c.bin"]]) <= 1
-        assert resident_pages(files[sizes["d.bin"]]) == -(-sizes["d.bin"] // ALIGN)
-        for data, obj in objs.values():
-            r = rp.open(obj)
-            assert await r.read(0, obj.size + 1) == data
-            r.close()
-        st2 = rp.statistics()
-        assert st2.origin_requests == st.origin_requests and st2.corrupt_blocks == 0, st2
