@@ -69,9 +69,11 @@ class ScopedOrigin:
         """The origin's, less ``bare_lists``: the filter needs every entry's mode."""
         return dataclasses.replace(self.origin.capabilities, bare_lists=False)
 
-    async def list(self, path: str, *, attrs: bool = True) -> list[Entry]:
-        """The entries ``caller`` may reach, always with their attributes (``attrs`` is
-        ignored: the filter needs the modes)."""
+    async def list(
+        self, path: str, *, attrs: bool = True, heads_max: int | None = None
+    ) -> list[Entry]:
+        """The entries ``caller`` may reach, always with their attributes (``attrs`` and
+        ``heads_max`` are ignored: the filter needs the modes)."""
         t0 = time.monotonic()
         entries = await self.origin.list(path)
         if self.on_listing is not None:

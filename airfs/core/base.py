@@ -118,6 +118,10 @@ class Core(Revalidation):
         guard: Guard | None = None,
     ) -> None:
         self.origin = origin
+        #: the adapter's ``readdir`` can answer a name without its attributes (``Emit``'s
+        #: ``known``): set by the kernel transport; then ``opendir`` lists a big directory
+        #: without asking every object's attributes (:data:`~.names.READDIR_HEADS_MAX`)
+        self.bare_entries = False
         self.allow_devices = allow_devices
         self.guard = guard
         #: directories whose entries changed here (a staged create or unlink) at this time
@@ -138,7 +142,7 @@ class Core(Revalidation):
         #: durations of the core operations (see :func:`counted`)
         self.latency = Latencies()
         self.listings = ListingCache(ttl, trusted=self.trusts)
-        self.relisting: dict[str, trio.Event] = {}
+        self.relisting: dict[tuple[str, bool], trio.Event] = {}
         self.asking: dict[str, Question] = {}
         self.joined_asks = 0
         #: what asking the origin about one name costs (seconds, a moving mean)

@@ -70,4 +70,8 @@ class DirHandle:
     per_caller: bool = False
 
 
-Emit = Callable[[str, Attr, int], bool]
+#: ``emit(name, attr, next_index, known)`` -> False when the reply is full. ``known`` False:
+#: only the name, the kind (in ``attr.mode``) and the inode number are right (a name of a
+#: bare listing): the adapter answers the name without attributes and the kernel takes no
+#: lookup reference for it
+Emit = Callable[[str, Attr, int, bool], bool]

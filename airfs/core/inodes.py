@@ -10,7 +10,11 @@ Contract:
 * the names of one hard-linked file (an origin entry with ``nlink > 1`` and an ``ino``, or a
   name made by ``link``) share one node: ``path`` is one of its names, ``aliases`` the
   others, and the kernel sees one inode (its link count and ``st_ino`` right for every name);
-* the root is inode 1 and is never dropped.
+* the root is inode 1 and is never dropped;
+* a node made for a name a listing answered without attributes (:meth:`InodeTable.named`:
+  no lookup reference) keeps its number, for ``stat`` to report what ``getdents`` did,
+  while it is one of the ``NAMED_MAX`` most recent such nodes (beyond, the oldest is
+  dropped if nothing else holds it).
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from airfs.util.pathindex import PathDict, PathIndex
 
 ROOT_INO = 1
 LAST_KNOWN_MAX = 100_000
+#: nodes kept for names answered without attributes, nothing else holding them
+NAMED_MAX = 65_536
 
 
 @dataclass(eq=False)
@@ -80,6 +86,8 @@ class InodeTable:
         # the origin is unreachable (bounded LRU; dropped on rename/removal)
         self._last: collections.OrderedDict[str, Entry] = collections.OrderedDict()
         self._last_index = PathIndex()  # the paths of ``_last``, by directory
+        #: nodes made for names answered bare, oldest first (:meth:`named`)
+        self._named: collections.OrderedDict[int, Node] = collections.OrderedDict()
         #: told of every node made, moved, detached or dropped (None: nobody listens)
         self.log: NodeLog | None = None
         root = Node(ROOT_INO, "", Kind.DIR, root_entry, time.monotonic(), lookups=1)
@@ -221,6 +229,7 @@ class InodeTable:
                 del self._by_path[node.path]
         self.split(node)
         node.path = None
+        self._named.pop(node.ino, None)  # no name leads to it any more
         if self.log is not None:
             self.log.bound(node.ino, node.kind, None)
         self.maybe_drop(node)
@@ -255,9 +264,22 @@ class InodeTable:
         node.lookups = max(0, node.lookups - count)
         self.maybe_drop(node)
 
+    def named(self, path: str, kind: Kind) -> Node:
+        """The node for ``path`` (made without an entry if needed), whose number a listing
+        answers with its name alone: kept (not dropped for want of references) while it is
+        one of the ``NAMED_MAX`` most recent such nodes."""
+        node = self.bind(path, kind, None)
+        named = self._named
+        named[node.ino] = node
+        named.move_to_end(node.ino)
+        while len(named) > NAMED_MAX:
+            _, old = named.popitem(last=False)
+            self.maybe_drop(old)
+        return node
+
     def maybe_drop(self, node: Node) -> None:
         """Forget ``node`` entirely once nothing references it."""
-        if node.ino == ROOT_INO or node.lookups or node.opens:
+        if node.ino == ROOT_INO or node.lookups or node.opens or node.ino in self._named:
             return
         if self._by_ino.pop(node.ino, None) is not None and self.log is not None:
             self.log.dropped(node.ino)

@@ -263,6 +263,7 @@ class KernelCache:
         listing = self.core.listings.latest(parent)
         if (
             listing is None
+            or listing.bare  # fast for want of attributes: its checks would ask them all
             or now - listing.at >= self.ttl
             or listing.took >= WATCH_MAX_TOOK * self.ttl
             or len(listing.entries) > WATCH_MAX_ENTRIES

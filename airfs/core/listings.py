@@ -36,6 +36,16 @@ A directory with no listing kept (never listed, or evicted) is listed once
 restart costs one listing instead of a ``stat`` (S3: a HEAD) per file; one hot file asked
 again and again never lists its directory.
 
+With an adapter that can answer a name without its attributes (``Core.bare_entries``: the
+kernel transport) a listing asks the attributes the origin does not know (S3: a HEAD per
+object) only when there are at most ``HEADS_MAX`` of them: a bigger directory's listing is
+*bare* (``Listing.bare``; its other entries ``Entry.guessed``). It answers which names exist
+(and their kinds, sizes and versions, what a fetch needs) but not a name's attributes: a
+guessed name is asked by name when it is looked up (walked ahead, or read whole, as below),
+so that ``find`` over 15,000 objects costs 15 LIST requests, not 15,000 HEADs before its first
+name. A bare listing never starts a kernel-cache watch (:mod:`airfs.core.kernelcache`: its
+checks list with every attribute).
+
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
 the next ones are asked of the origin with the asked one, in the same worker-thread job
@@ -62,6 +72,9 @@ RELIST_MAX_TOOK = 0.8
 PAGE = 1000
 #: the most names asked ahead of a walk in one origin job
 AHEAD_MAX = 256
+#: with ``Core.bare_entries``, a listing asks the attributes the origin does not know (S3:
+#: a HEAD each) only when there are at most this many (else it is bare)
+HEADS_MAX = 64
 #: a directory with no listing kept is listed once this many different names were asked of
 #: it one by one (a pass over it: a restarted job, ``find``; not one hot file)
 FIRST_LISTING_AFTER = 16
@@ -98,6 +111,9 @@ class Listing:
     order: list[str] | None = None
     window: int = 1
     reach: tuple[int, int] = (-1, -1)
+    #: some entries are ``guessed`` (their attributes not asked): it answers which names
+    #: exist, not their attributes
+    bare: bool = False
 
 
 def _never(dir_path: str) -> bool:
@@ -135,6 +151,7 @@ class ListingCache:
         """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
         through the mount touched the directory since ``at``)."""
         listing = Listing(at, {e.name: e for e in entries}, took, again=dir_path in self._dirs)
+        listing.bare = any(e.guessed for e in entries)
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)

@@ -25,6 +25,7 @@ from .context import current_caller
 from .files import Files
 from .handles import DirEntry, DirHandle, Emit, err
 from .inodes import Node
+from .listings import HEADS_MAX
 from .readpath import ObjectRef
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,11 @@ class Names:
             t0, listed = kept.at, list(kept.entries.values())
         else:
             t0 = time.monotonic()
-            listed = await self.core.origin.list(path)
+            # an adapter that can answer names alone: a big directory's objects are not each
+            # asked their attributes (S3: a HEAD per object) to list it; its names are
+            # answered bare, and those looked up afterwards are asked by name
+            heads = HEADS_MAX if self.core.bare_entries else None
+            listed = await self.core.origin.list(path, heads_max=heads)
             if trusted:  # what is known of a name is kept (until `airfs refresh`)
                 listed = [self.known(path, e) for e in listed]
             self.core.put_listing(path, listed, t0)
@@ -88,8 +93,10 @@ class Names:
     @counted
     async def readdir(self, fh: int, start: int, emit: Emit) -> None:
         """Emit entries from index ``start``; each accepted entry adds a lookup reference
-        (readdirplus). ``emit(name, attr, next_index)`` returns False when the kernel's
-        buffer is full."""
+        (readdirplus), except a name whose attributes are not known (a guessed entry of a
+        bare listing, with no fresh node): it is emitted with ``known`` False.
+        ``emit(name, attr, next_index, known)`` returns False when the kernel's buffer is
+        full."""
         dh = self.core.dirs.get(fh)
         if dh is None:
             raise err(errno.EBADF, "bad directory handle")
@@ -101,6 +108,16 @@ class Names:
             if st is not None and st.path == path:
                 node = self.core.inodes.bind(path, Kind.FILE, entry, dh.listed_at)
                 attr = self.core.staged_attr(node, st)
+            elif entry is not None and entry.guessed:
+                known = self.core.inodes.at(path)
+                if known is not None and known.kind is kind and self.core.fresh(known):
+                    node, attr = known, self.core.attr(known)
+                else:
+                    # its inode number only (the one a lookup will answer), no attributes
+                    node = self.core.inodes.named(path, kind)
+                    if not emit(name, self.core.entry_attr(node, entry), i + 1, False):
+                        return
+                    continue
             elif entry is not None:
                 node = self.core.inodes.bind(path, kind, entry, dh.listed_at)
                 attr = (
@@ -110,7 +127,7 @@ class Names:
                 )
             else:
                 continue  # a staged file deleted since the snapshot
-            if not emit(name, attr, i + 1):
+            if not emit(name, attr, i + 1, True):
                 self.core.inodes.maybe_drop(node)
                 return
             node.lookups += 1

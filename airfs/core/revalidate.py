@@ -19,14 +19,14 @@ import trio
 from airfs.origin.base import Entry, Kind, NotADir, NotFound, OriginError, join, split
 
 from .inodes import Node
-from .listings import Listing
+from .listings import HEADS_MAX, Listing
 from .readpath import ObjectRef, files_listed
 
 if TYPE_CHECKING:
     from airfs.origin.aio import AsyncOrigin
 
     from .ahead import FetchAhead
-    from .listings import ListingCache
+    from .listings import HEADS_MAX, ListingCache
     from .readpath import ReadPath
 
 log = logging.getLogger("airfs.core.base")
@@ -57,7 +57,9 @@ class Revalidation:
     listings: ListingCache
     readpath: ReadPath
     ahead: FetchAhead
-    relisting: dict[str, trio.Event]
+    relisting: dict[tuple[str, bool], trio.Event]
+    #: the adapter answers names without attributes (``Core``'s; see there)
+    bare_entries: bool
     #: the names being asked of the origin now
     asking: dict[str, Question]
     #: questions answered by one already in flight (:meth:`origin_entry`)
@@ -120,19 +122,26 @@ class Revalidation:
             q.done.set()
 
     async def _ask_entry(self, path: str) -> tuple[Entry | None, float]:
-        """:meth:`origin_entry`'s question, asked once."""
+        """:meth:`origin_entry`'s question, asked once. A name whose entry in a fresh
+        listing is guessed (a bare listing: :mod:`airfs.core.listings`) is asked by name."""
         if path:
             parent, name = split(path)
-            listing = self.listings.fresh(parent)
+            listing = self._answering(self.listings.fresh(parent), name)
+            by_name = listing is None and self.listings.fresh(parent) is not None
             if listing is None and self.ahead.reading(parent):
                 whole = await self._read_whole(parent, name, path)
                 if whole is not None:
                     return whole
-            if listing is None and (
-                self.listings.worth_relisting(parent, self.name_s)
-                or self.listings.first_listing_due(parent, name)
+            if (
+                listing is None
+                and not by_name
+                and (
+                    self.listings.worth_relisting(parent, self.name_s)
+                    or self.listings.first_listing_due(parent, name)
+                )
             ):
-                listing = await self.relist(parent, time.monotonic())
+                relisted = await self.relist(parent, time.monotonic(), bare=True)
+                listing = self._answering(relisted, name)
             if listing is not None:
                 listing.asked += 1
                 entry = listing.entries.get(name)
@@ -160,6 +169,14 @@ class Revalidation:
         entry = await self.stat(path, fast=True)
         self.name_cost(t0, 1)
         return entry, t0
+
+    @staticmethod
+    def _answering(listing: Listing | None, name: str) -> Listing | None:
+        """``listing`` if it answers ``name`` (absent, or listed with its attributes)."""
+        if listing is None:
+            return None
+        e = listing.entries.get(name)
+        return None if e is not None and e.guessed else listing
 
     async def _read_whole(
         self, parent: str, name: str, path: str
@@ -205,24 +222,30 @@ class Revalidation:
             self.readpath.expect(files_listed(dir_path, entries))
         return listing
 
-    async def relist(self, dir_path: str, since: float) -> Listing | None:
-        """Fetch ``dir_path``'s listing again (one fetch at a time per directory; a caller
-        that finds one in flight waits for it). The listing is returned to a caller that
-        asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as of
-        its start, so no change older than the TTL is missed), even if it expired while it
-        was fetched."""
-        busy = self.relisting.get(dir_path)
+    async def relist(
+        self, dir_path: str, since: float, *, bare: bool = False
+    ) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (one fetch at a time per directory and kind; a
+        caller that finds one in flight waits for it). The listing is returned to a caller
+        that asked at ``since`` if it was kept and fresh at ``since`` (it shows the origin as
+        of its start, so no change older than the TTL is missed), even if it expired while
+        it was fetched. ``bare``: with ``bare_entries``, the listing may be bare
+        (:data:`~.listings.HEADS_MAX`); a caller that did not allow it never gets one."""
+        bare = bare and self.bare_entries
+        key = (dir_path, bare)
+        busy = self.relisting.get(key)
         if busy is not None:
             await busy.wait()
             listing = self.listings.latest(dir_path)
-            if listing is None:
+            if listing is None or (listing.bare and not bare):
                 return None
             return listing if since - listing.at < self.ttl else None
-        done = self.relisting[dir_path] = trio.Event()
+        done = self.relisting[key] = trio.Event()
         try:
             t0 = time.monotonic()
             try:
-                entries = await self.origin.list(dir_path, fast=True)
+                heads = HEADS_MAX if bare else None
+                entries = await self.origin.list(dir_path, fast=True, heads_max=heads)
             except (NotFound, NotADir):
                 self.listings.drop(dir_path)
                 return None
@@ -230,7 +253,7 @@ class Revalidation:
             listing = self.put_listing(dir_path, entries, t0)
             return listing if self.listings.kept(dir_path, listing) else None
         finally:
-            del self.relisting[dir_path]
+            del self.relisting[key]
             done.set()
 
     async def refresh(self, node: Node) -> Entry | None:

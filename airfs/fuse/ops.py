@@ -193,7 +193,10 @@ class FuseOps(pyfuse3.Operations):
 
     @replies
     async def readdir(self, fh: int, start_id: int, token: Any) -> None:
-        def emit(name: str, attr: Attr, next_id: int) -> bool:
+        def emit(name: str, attr: Attr, next_id: int, known: bool) -> bool:
+            # libfuse's readdirplus answers every name with its entry (node id = d_ino): this
+            # adapter leaves ``Core.bare_entries`` off, so every name comes known
+            assert known, "a name without attributes for the pyfuse3 adapter"
             return pyfuse3.readdir_reply(token, os.fsencode(name), self._entry(attr), next_id)
 
         await self.fs.readdir(fh, start_id, emit)

@@ -75,6 +75,9 @@ class OriginStats:
     seconds: dict[str, float]
     down: bool
     latency: dict[str, LatencyHistogram] = field(default_factory=dict)
+    #: the origin's own count of its requests by kind, where it keeps one (S3: ``head``,
+    #: every HEAD of an object, those a listing makes included)
+    requests: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as ``airfs status`` shows it (under ``origin_calls``)."""
@@ -239,6 +242,7 @@ class AsyncOrigin:
             {k: round(v, 3) for k, v in self._seconds.items()},
             self.down,
             self._latency.snapshot(),
+            counters() if (counters := getattr(self.sync, "counters", None)) else {},
         )
 
     # -- reads (abandoned on cancel; ``fast`` for revalidations) ---------------------------
@@ -365,12 +369,23 @@ class AsyncOrigin:
         self.stat_s = 0.8 * self.stat_s + 0.2 * (perf_counter() - t0) / len(out)
         return out
 
-    async def list(self, path: str, *, fast: bool = False, attrs: bool = True) -> list[Entry]:
+    async def list(
+        self,
+        path: str,
+        *,
+        fast: bool = False,
+        attrs: bool = True,
+        heads_max: int | None = None,
+    ) -> list[Entry]:
         """``attrs=False``: a bare listing where the origin has them (``bare_lists``); check
-        ``capabilities.bare_lists`` to know which one was given."""
-        if not attrs and self.capabilities.bare_lists:
+        ``capabilities.bare_lists`` to know which one was given (or ``Entry.guessed``).
+        ``heads_max``: where the origin has bare listings, the attributes it does not know
+        are asked only when there are at most that many (else those entries are guessed)."""
+        if (not attrs or heads_max is not None) and self.capabilities.bare_lists:
             return await self.call(
-                lambda: list(self.sync.list(path, attrs=False)),  # type: ignore[call-arg]
+                lambda: list(
+                    self.sync.list(path, attrs=attrs, heads_max=heads_max)  # type: ignore[call-arg]
+                ),
                 what=f"list {path}",
                 op="list",
                 fast=fast,

@@ -63,6 +63,10 @@ class Entry:
     ``blocks`` is the 512-byte blocks the origin has allocated for it (POSIX ``st_blocks``:
     a sparse file's holes take none); None where the origin does not say (object stores: the
     mount reports the size rounded up).
+
+    ``guessed``: the attributes (mode, owner, times; and a directory's link count) are
+    defaults, not the origin's: an entry of a bare listing (``Capabilities.bare_lists``) whose
+    stored attributes the origin did not ask. Its name, kind, size and version are right.
     """
 
     name: str
@@ -79,6 +83,7 @@ class Entry:
     rdev: int = 0
     ino: int = 0
     blocks: int | None = None
+    guessed: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,7 +227,10 @@ class Capabilities:
       and fetched by the same round trip;
     * ``bare_lists``: ``list(path, attrs=False)`` gives the names, kinds, sizes and versions
       without asking the stored attributes it does not know (S3: no HEAD per object), which
-      are the defaults there: for what needs the contents only (``airfs warm``).
+      are the defaults there, marked ``Entry.guessed``: for what needs the contents only
+      (``airfs warm``); ``list(path, heads_max=N)`` asks them only when at most ``N`` are
+      not known (a directory's names for ``readdir``: a few HEADs, not one per object of a
+      big directory).
     """
 
     pin: bool = False

@@ -105,17 +105,46 @@ class MemoryOrigin:
             self.calls["stat"] += 1
             return self._entry(path, self._get(path))
 
-    def list(self, path: str) -> list[Entry]:
+    def list(
+        self, path: str, *, attrs: bool = True, heads_max: int | None = None
+    ) -> list[Entry]:
+        """One level. ``attrs``/``heads_max`` as S3's (``Capabilities.bare_lists``, given by
+        :meth:`with_bare_lists`): a listing asks no attributes when ``attrs`` is False or
+        more than ``heads_max`` entries would need them (every entry, here); its entries are
+        then ``guessed``: mode 0o644 (a directory's 0o755), no owner, time 0. An asked
+        listing counts one ``list_heads`` call per entry (S3's HEADs)."""
         with self._lock:
             self.calls["list"] += 1
             if self._get(path).kind is not Kind.DIR:
                 raise NotADir(f"{path}: not a directory")
             prefix = f"{path}/" if path else ""
-            return [
+            out = [
                 self._entry(p, o)
                 for p, o in self._objs.items()
                 if p and p.startswith(prefix) and "/" not in p[len(prefix) :]
             ]
+            bare = self.capabilities.bare_lists and (
+                not attrs or (heads_max is not None and len(out) > heads_max)
+            )
+            if not bare:
+                self.calls["list_heads"] += len(out)
+                return out
+            return [
+                dataclasses.replace(
+                    e,
+                    mode=0o755 if e.kind is Kind.DIR else 0o644,
+                    uid=None,
+                    gid=None,
+                    mtime_ns=0,
+                    guessed=True,
+                )
+                for e in out
+            ]
+
+    def with_bare_lists(self) -> MemoryOrigin:
+        """This origin, with ``Capabilities.bare_lists`` (for tests of bare listings)."""
+        self.capabilities = dataclasses.replace(self.capabilities, bare_lists=True)
+        return self
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         with self._lock:

@@ -8,6 +8,7 @@ import errno
 import os
 import stat
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -146,6 +147,51 @@ def test_s3_modes_are_in_the_metadata_for_every_client(
     finally:
         d.close()
     assert a.read_range("d/r", 0, 100) == b"private"
+
+
+def test_s3_listing_asks_attributes_only_up_to_heads_max(
+    s3_origin_factory: Callable[..., S3Origin], seaweed: SeaweedServer, tmp_path: Path
+) -> None:
+    """``list(path, heads_max=N)``: the attributes not known are asked (a HEAD each) when at
+    most N objects and subdirectories need it; beyond, none is asked and those entries are
+    ``guessed`` (defaults, but the right names, kinds, sizes and versions). What is known
+    is never guessed, and ``--s3-trust-listings`` (no ``list_heads``) guesses nothing."""
+    a = s3_origin_factory()
+    src = tmp_path / "src"
+    src.write_bytes(b"private")
+    for i in range(5):
+        a.put(f"d/f{i}", str(src), None, mode=0o600)
+    a.mkdir("d/sub", 0o700)
+    time.sleep(2.1)  # what is read within 2 s of Last-Modified is not trusted by listings
+
+    def other(**kwargs: object) -> S3Origin:  # another node: nothing known yet
+        return S3Origin.from_url(a.url, env=seaweed.env, **kwargs)
+
+    b = other()
+    try:
+        full = {e.name: e for e in b.list("d", heads_max=6)}  # 5 objects + 1 directory
+        assert not any(e.guessed for e in full.values())
+        assert full["f0"].mode == 0o600
+    finally:
+        b.close()
+    c = other()
+    try:
+        bare = {e.name: e for e in c.list("d", heads_max=5)}
+        assert sorted(bare) == ["f0", "f1", "f2", "f3", "f4", "sub"]
+        assert all(e.guessed for e in bare.values())
+        assert bare["f0"].mode == 0o644 and bare["sub"].kind is Kind.DIR
+        assert bare["f3"].size == 7 and bare["f3"].version == a.stat("d/f3").version
+        assert c.stat("d/f3").mode == 0o600  # seen now: no longer guessed
+        again = {e.name: e for e in c.list("d", heads_max=0)}
+        assert not again["f3"].guessed and again["f3"].mode == 0o600
+        assert again["f2"].guessed
+    finally:
+        c.close()
+    t = other(list_heads=False)
+    try:
+        assert not any(e.guessed for e in t.list("d", heads_max=0))
+    finally:
+        t.close()
 
 
 def test_posix_never_follows_a_link_placed_at_the_origin(

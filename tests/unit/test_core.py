@@ -167,7 +167,8 @@ async def test_readdir_merges_staged_and_counts_lookups(tmp_path: Path) -> None:
         got: list[tuple[str, Attr, int]] = []
 
         def emit_some(limit: int) -> Any:
-            def emit(name: str, attr: Attr, nxt: int) -> bool:
+            def emit(name: str, attr: Attr, nxt: int, known: bool) -> bool:
+                assert known  # an origin without bare listings
                 if len(got) >= limit:
                     return False
                 got.append((name, attr, nxt))

@@ -64,6 +64,7 @@ class Handlers:
         drop_behind: bool = False,
     ) -> None:
         self.fs = fs
+        fs.core.bare_entries = True  # a name can be answered without its attributes
         #: where what the kernel holds is recorded for a daemon taking over (None: nowhere)
         self.state = state
         self.ttl = ttl
@@ -367,10 +368,12 @@ class Handlers:
         used = 0
         state = self.state
 
-        def emit(nm: str, attr: Attr, next_id: int) -> bool:
+        def emit(nm: str, attr: Attr, next_id: int, known: bool) -> bool:
             nonlocal used
             b = os.fsencode(nm)
-            if plus:
+            if plus and not known:
+                rec = proto.direntplus_name(attr.ino, next_id, b, attr.mode)
+            elif plus:
                 keep = self.keep(attr.ino)
                 rec = proto.direntplus(
                     attr, next_id, b, entry_timeout(self.fs, attr, keep), attr_timeout(attr, keep)
@@ -381,7 +384,7 @@ class Handlers:
                 return False
             parts.append(rec)
             used += len(rec)
-            if plus and state is not None:
+            if plus and known and state is not None:
                 state.looked_up(attr.ino)
             return True
 

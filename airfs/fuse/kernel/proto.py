@@ -373,6 +373,17 @@ def direntplus(a: Attr, next_off: int, name_b: bytes, entry_ttl: float, attr_ttl
     return entry_out(a, entry_ttl, attr_ttl) + dirent(a.ino, next_off, name_b, a.mode)
 
 
+#: a ``fuse_entry_out`` of node id 0 (and no attributes)
+_NO_ENTRY = ENTRY_OUT.pack(0, 0, 0, 0, 0, 0, *([0] * 16))
+
+
+def direntplus_name(ino: int, next_off: int, name_b: bytes, mode: int) -> bytes:
+    """A ``fuse_direntplus`` of the name alone: node id 0 tells the kernel that no entry nor
+    attributes come with it (it takes no lookup reference; a later use of the name is a
+    ``LOOKUP``); the dirent's ``ino`` and type are what ``getdents`` reports."""
+    return _NO_ENTRY + dirent(ino, next_off, name_b, mode)
+
+
 def inval_inode(ino: int, off: int = 0, length: int = 0) -> bytes:
     """Payload of FUSE_NOTIFY_INVAL_INODE (``length`` 0: from ``off`` to the end; negative
     ``off``: attributes only)."""

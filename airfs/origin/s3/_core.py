@@ -169,6 +169,9 @@ class S3Client:
         self.raw = raw
         self._marker_meta: bool | None = None
         self._probe_lock = threading.Lock()
+        #: HEADs of objects made so far (``counters()``)
+        self.heads = 0
+        self._count_lock = threading.Lock()
         self._dir_mtime_ns = time.time_ns()
 
     # -- helpers -------------------------------------------------------------------------
@@ -222,6 +225,8 @@ class S3Client:
     def head(self, path: str) -> Mapping[str, Any] | None:
         """The object's metadata (obstore's, with ``attrs``: the stored :class:`Meta`), or
         None if there is no object ``path``. Remembered for listings."""
+        with self._count_lock:
+            self.heads += 1
         try:
             res = obstore.get(self.store, path, options={"head": True})
         except Exception as exc:

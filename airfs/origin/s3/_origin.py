@@ -312,9 +312,15 @@ class S3Origin:
     def stat(self, path: str) -> Entry:
         return self.reads.stat(path)
 
-    def list(self, path: str, *, attrs: bool = True) -> builtins.list[Entry]:
-        """See ``Capabilities.bare_lists`` for ``attrs``."""
-        return self.reads.list(path, attrs=attrs)
+    def counters(self) -> dict[str, int]:
+        """Requests counted by kind: ``head``, the HEADs of objects (a listing's too)."""
+        return {"head": self.client.heads}
+
+    def list(
+        self, path: str, *, attrs: bool = True, heads_max: int | None = None
+    ) -> builtins.list[Entry]:
+        """See ``Capabilities.bare_lists`` for ``attrs`` and ``heads_max``."""
+        return self.reads.list(path, attrs=attrs, heads_max=heads_max)
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         return self.reads.read_range(path, offset, size, version)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import dataclasses
 import functools
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -47,15 +48,18 @@ class Reads:
         t = self.c.probe_time(path)[2] if first_t is None else first_t
         return self.c.dir_entry(name, mtime_ns=t)
 
-    def list(self, path: str, *, attrs: bool = True) -> builtins.list[Entry]:
+    def list(
+        self, path: str, *, attrs: bool = True, heads_max: int | None = None
+    ) -> builtins.list[Entry]:
         """One level. Listings carry no user metadata: the attributes of an object come from
         what this origin saw of that exact state (ETag and Last-Modified), else from a HEAD
         each, in parallel (``list_heads``; without it, the defaults). Subdirectories get
         their marker's attributes the same way where the server keeps them, else their
         stable time (:meth:`.S3Client.probe_time`, one small listing each, with ``list_heads``).
         ``attrs=False`` (``Capabilities.bare_lists``): no HEAD nor probe at all, the
-        attributes not seen yet are the defaults (the names, kinds, sizes and versions are
-        right: what a warm needs)."""
+        attributes not seen yet are the defaults, marked ``Entry.guessed`` (the names, kinds,
+        sizes and versions are right: what a warm needs). ``heads_max``: the HEADs and probes
+        are made only when there are at most that many, else none (the entries guessed)."""
         heads = self.c.list_heads and attrs
         try:
             res = obstore.list_with_delimiter(self.c.store, path or None)
@@ -80,14 +84,23 @@ class Reads:
             if not name or name in out or (not path and name.startswith(PROBE_PREFIX)):
                 continue
             got = self.c.known.get(p, self.c.token(meta), recent=not heads)
-            if got is None and not heads:
-                got = Meta()
             if got is None:
                 unknown.append((name, meta))
             else:
                 out[name] = self.c.file_entry(name, meta, got)
-        for name, entry in self._heads(unknown, dirs if heads else []):
-            out[name] = entry
+        if heads and heads_max is not None and len(unknown) + len(dirs) > heads_max:
+            heads = False
+        if heads:
+            for name, entry in self._heads(unknown, dirs):
+                out[name] = entry
+        else:  # guessed unless the defaults are this origin's answer (no ``list_heads``)
+            guessed = self.c.list_heads
+            for name, listed in unknown:
+                got = self.c.known.get(listed["path"], self.c.token(listed), recent=True)
+                entry = self.c.file_entry(name, listed, got or Meta())
+                out[name] = dataclasses.replace(entry, guessed=guessed)
+            for name, _ in dirs:
+                out[name] = dataclasses.replace(out[name], guessed=guessed)
         if not out and not has_marker and path:
             if self.c.head(path) is not None:
                 raise NotADir(f"{self.c.where(path)}: not a directory")

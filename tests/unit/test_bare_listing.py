@@ -1,0 +1,135 @@
+"""Bare listings in the core (:mod:`airfs.core.listings`): with an adapter that answers names
+alone (``Core.bare_entries``), a directory of more than ``HEADS_MAX`` entries is listed
+without asking each one's attributes; ``readdir`` emits those names with ``known`` False
+(the inode number a lookup answers, no lookup reference), a guessed entry never answers a
+lookup (the name is asked by itself), while an absent name is still answered by the
+listing. A memory origin with ``bare_lists``; its ``list_heads`` count stands for S3's
+HEADs. Through the kernel: ``tests/fuse/test_bare_listing_mounted.py``."""
+
+from __future__ import annotations
+
+import errno
+import stat
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import trio
+
+from airfs.core.attrs import Attr
+from airfs.core.fs import Filesystem
+from airfs.core.inodes import ROOT_INO
+from airfs.core.listings import HEADS_MAX
+from airfs.daemon.build import build
+from airfs.testing.memory import MemoryOrigin
+
+N = HEADS_MAX + 10
+
+
+@asynccontextmanager
+async def core(
+    tmp_path: Path, *, bare: bool, ttl: float = 30.0
+) -> AsyncIterator[tuple[Filesystem, MemoryOrigin, int]]:
+    """A core over a memory origin with bare listings holding ``d/f000``... (mode 0o600)
+    and ``d/sub``; ``bare``: the adapter answers names alone. Yields the core, the origin
+    and the inode of ``d``."""
+    mem = MemoryOrigin().with_bare_lists()
+    mem.mkdir("d", 0o755)
+    for i in range(N):
+        mem.put_bytes(f"d/f{i:03}", b"x" * i, mode=0o600)
+    mem.mkdir("d/sub", 0o700)
+    async with build(mem, str(tmp_path / "cache"), ttl=ttl, staging_size=1 << 30) as b:
+        b.fs.core.bare_entries = bare
+        yield b.fs, mem, (await b.fs.lookup(ROOT_INO, "d")).ino
+
+
+async def listed(fs: Filesystem, ino: int) -> dict[str, tuple[Attr, bool]]:
+    got: dict[str, tuple[Attr, bool]] = {}
+
+    def emit(name: str, attr: Attr, nxt: int, known: bool) -> bool:
+        got[name] = (attr, known)
+        return True
+
+    fh = await fs.opendir(ino)
+    await fs.readdir(fh, 0, emit)
+    fs.releasedir(fh)
+    return got
+
+
+async def test_a_big_directory_is_listed_by_name(tmp_path: Path) -> None:
+    async with core(tmp_path, bare=True) as (fs, mem, d):
+        got = await listed(fs, d)
+        assert len(got) == N + 1 and mem.calls["list_heads"] == 0
+        assert not any(known for _, known in got.values())
+        assert stat.S_ISDIR(got["sub"][0].mode) and stat.S_ISREG(got["f005"][0].mode)
+        node = fs.inodes.at("d/f005")
+        assert node is not None and node.lookups == 0  # no reference taken for a bare name
+        stats = mem.calls["stat"]
+        a = await fs.lookup(d, "f005")
+        assert a.ino == got["f005"][0].ino  # the number getdents reported
+        assert stat.S_IMODE(a.mode) == 0o600 and a.size == 5  # asked by name, not guessed
+        assert mem.calls["stat"] > stats
+        sub = await fs.lookup(d, "sub")
+        assert stat.S_IMODE(sub.mode) == 0o700 and sub.ino == got["sub"][0].ino
+        # an absent name is answered by the listing
+        stats = mem.calls["stat"]
+        with pytest.raises(OSError) as info:
+            await fs.lookup(d, "nothing")
+        assert info.value.errno == errno.ENOENT and mem.calls["stat"] == stats
+        # a name looked up (fresh) comes with its attributes at the next listing
+        again = await listed(fs, d)
+        assert again["f005"][1] and stat.S_IMODE(again["f005"][0].mode) == 0o600
+        assert not again["f006"][1]
+
+
+async def test_without_bare_entries_every_name_comes_with_its_attributes(
+    tmp_path: Path,
+) -> None:
+    async with core(tmp_path, bare=False) as (fs, mem, d):
+        got = await listed(fs, d)
+        assert all(known for _, known in got.values())
+        assert mem.calls["list_heads"] == N + 1
+        assert stat.S_IMODE(got["f005"][0].mode) == 0o600
+
+
+async def test_after_the_ttl_the_listing_fetched_again_is_bare_too(tmp_path: Path) -> None:
+    """A lookup after the TTL lists the directory again (its listing was cheap): bare, and
+    its guessed entries do not answer: a mode changed at the origin is seen."""
+    async with core(tmp_path, bare=True, ttl=0.3) as (fs, mem, d):
+        await listed(fs, d)
+        await trio.sleep(0.4)
+        mem.set_attrs("d/f007", mode=0o640)
+        lists = mem.calls["list"]
+        for i in range(20):  # a pass over its names: enough to list it again
+            await fs.lookup(d, f"f{i:03}")
+        a = await fs.lookup(d, "f007")
+        assert stat.S_IMODE(a.mode) == 0o640
+        assert mem.calls["list"] > lists and mem.calls["list_heads"] == 0
+        kept = fs.listings.latest("d")
+        assert kept is not None and kept.bare
+
+
+def test_named_nodes_are_kept_up_to_a_bound() -> None:
+    """Nodes of names answered bare stay (their numbers with them) while among the
+    ``NAMED_MAX`` most recent; the oldest beyond is dropped when nothing holds it."""
+    from airfs.core import inodes as mod
+    from airfs.origin.base import Entry, Kind
+
+    t = mod.InodeTable(Entry("", Kind.DIR, 0, 0, 0o755, ""))
+    old = mod.NAMED_MAX
+    mod.NAMED_MAX = 3
+    try:
+        a = t.named("a", Kind.FILE)
+        t.maybe_drop(a)
+        assert t.at("a") is a  # kept though nothing references it
+        t.forget(a.ino, 0)
+        held = t.named("b", Kind.FILE)
+        held.lookups = 1
+        t.named("c", Kind.FILE)
+        t.named("d", Kind.FILE)  # a is the oldest of four: dropped
+        assert t.at("a") is None and t.at("d") is not None
+        t.named("e", Kind.FILE)  # b is the oldest now, but referenced: kept
+        assert t.at("b") is held
+    finally:
+        mod.NAMED_MAX = old
