@@ -43,7 +43,11 @@ object) only when there are at most ``HEADS_MAX`` of them: a bigger directory's 
 (and their kinds, sizes and versions, what a fetch needs) but not a name's attributes: a
 guessed name is asked by name when it is looked up (walked ahead, or read whole, as below),
 so that ``find`` over 15,000 objects costs 15 LIST requests, not 15,000 HEADs before its first
-name. A bare listing never starts a kernel-cache watch (:mod:`airfs.core.kernelcache`: its
+name. A walk over such names (``ls -l``, ``du``) asks them ahead as wide as the listing's HEADs
+would have (``BARE_WALK_LANES`` jobs at once), each name asked ahead a question its own lookup
+joins. After the TTL, a name a bare listing has is still asked by name (the listing fetched
+again would not answer it either; fetching it again for each TTL would restart the walk); a
+name it does not have fetches it again (bare too). A bare listing never starts a kernel-cache watch (:mod:`airfs.core.kernelcache`: its
 checks list with every attribute).
 
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
@@ -75,6 +79,10 @@ AHEAD_MAX = 256
 #: with ``Core.bare_entries``, a listing asks the attributes the origin does not know (S3:
 #: a HEAD each) only when there are at most this many (else it is bare)
 HEADS_MAX = 64
+#: a walk over a bare listing's names asks them in this many parallel jobs (S3's listing
+#: HEADs: 32 at once) of at most this long each
+BARE_WALK_LANES = 32
+BARE_WALK_BUDGET_S = 0.25
 #: a directory with no listing kept is listed once this many different names were asked of
 #: it one by one (a pass over it: a restarted job, ``find``; not one hot file)
 FIRST_LISTING_AFTER = 16

@@ -19,14 +19,14 @@ import trio
 from airfs.origin.base import Entry, Kind, NotADir, NotFound, OriginError, join, split
 
 from .inodes import Node
-from .listings import HEADS_MAX, Listing
+from .listings import BARE_WALK_BUDGET_S, BARE_WALK_LANES, HEADS_MAX, Listing
 from .readpath import ObjectRef, files_listed
 
 if TYPE_CHECKING:
     from airfs.origin.aio import AsyncOrigin
 
     from .ahead import FetchAhead
-    from .listings import HEADS_MAX, ListingCache
+    from .listings import ListingCache
     from .readpath import ReadPath
 
 log = logging.getLogger("airfs.core.base")
@@ -122,12 +122,20 @@ class Revalidation:
             q.done.set()
 
     async def _ask_entry(self, path: str) -> tuple[Entry | None, float]:
-        """:meth:`origin_entry`'s question, asked once. A name whose entry in a fresh
-        listing is guessed (a bare listing: :mod:`airfs.core.listings`) is asked by name."""
+        """:meth:`origin_entry`'s question, asked once. A name a bare listing has (fresh
+        or not: :mod:`airfs.core.listings`) with its attributes guessed is asked by name:
+        that listing fetched again would not answer it either."""
         if path:
             parent, name = split(path)
             listing = self._answering(self.listings.fresh(parent), name)
-            by_name = listing is None and self.listings.fresh(parent) is not None
+            latest = self.listings.latest(parent)
+            by_name = (
+                listing is None
+                and latest is not None
+                and latest.bare
+                and (e := latest.entries.get(name)) is not None
+                and e.guessed
+            )
             if listing is None and self.ahead.reading(parent):
                 whole = await self._read_whole(parent, name, path)
                 if whole is not None:
@@ -156,19 +164,48 @@ class Revalidation:
                 return ahead
             more = self.listings.walk_ahead(parent, name)
             if more:
-                t0 = time.monotonic()
-                got = await self.origin.stat_many(
-                    [path, *(join(parent, n) for n in more)], fast=True
-                )
-                self.name_cost(t0, len(got))
-                self.listings.asked(parent, len(more))
-                asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
-                self.listings.put_ahead(parent, asked, t0)
-                return got[path], t0
+                return await self._walk(parent, path, more)
         t0 = time.monotonic()
         entry = await self.stat(path, fast=True)
         self.name_cost(t0, 1)
         return entry, t0
+
+    async def _walk(self, parent: str, path: str, more: list[str]) -> tuple[Entry | None, float]:
+        """Ask ``path`` with the names ``more`` after it in ``parent``'s listing (a walk:
+        :meth:`ListingCache.walk_ahead`). Each name asked ahead is a question of its own
+        while the job runs (:meth:`origin_entry`): its lookup, arriving meanwhile, waits for
+        this answer instead of asking again (one not answered, the job's time budget spent,
+        is asked again by those waiting). The walk of a bare listing (whose names' attributes
+        were never asked) goes as wide as a listing's HEADs would (``BARE_WALK_LANES``)."""
+        t0 = time.monotonic()
+        latest = self.listings.latest(parent)
+        answered = latest.ahead if latest is not None else {}
+        mine: dict[str, Question] = {}
+        for n in more:
+            p = join(parent, n)
+            if p not in self.asking and (n not in answered or t0 - answered[n][1] >= self.ttl):
+                mine[p] = self.asking[p] = Question(t0)  # not being asked, nor answered
+        wide = latest is not None and latest.bare
+        got: dict[str, Entry | None] = {}
+        try:
+            got = await self.origin.stat_many(
+                [path, *mine],
+                fast=True,
+                lanes=BARE_WALK_LANES if wide else None,
+                budget_s=BARE_WALK_BUDGET_S if wide else 0.02,
+            )
+        finally:
+            for p, q in mine.items():
+                if self.asking.get(p) is q:
+                    del self.asking[p]
+                if p in got:
+                    q.answer = (got[p], t0)
+                q.done.set()
+        self.name_cost(t0, len(got))
+        self.listings.asked(parent, len(mine))
+        asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]
+        self.listings.put_ahead(parent, asked, t0)
+        return got[path], t0
 
     @staticmethod
     def _answering(listing: Listing | None, name: str) -> Listing | None:

@@ -313,17 +313,24 @@ class AsyncOrigin:
         return out
 
     async def stat_many(
-        self, paths: list[str], *, fast: bool = False, budget_s: float = 0.02
+        self,
+        paths: list[str],
+        *,
+        fast: bool = False,
+        budget_s: float = 0.02,
+        lanes: int | None = None,
     ) -> dict[str, Entry | None]:
         """``stat`` of ``paths[0]`` and then of the others, as far as ``budget_s`` of origin
         time goes: the entries of the paths asked (``paths[0]`` always), None for a name
         that does not exist. Only the first one's errors raise. One worker-thread job where
         a ``stat`` is quick (a local directory); where it is a request (S3: about a
-        millisecond or more each) the paths are split into up to ``STAT_LANES`` contiguous
-        runs asked at once, one job each."""
-        lanes = 1
+        millisecond or more each) the paths are split into up to ``lanes`` (default
+        ``STAT_LANES``) contiguous runs asked at once, one job each (each within
+        ``budget_s``)."""
+        n_lanes = 1
         if len(paths) > 1 and self.stat_s > SLOW_STAT_S:
-            lanes = min(STAT_LANES, len(paths))
+            n_lanes = min(STAT_LANES if lanes is None else lanes, len(paths))
+        lanes = n_lanes
         k = -(-len(paths) // lanes)
         runs = [paths[i : i + k] for i in range(0, len(paths), k)]
         out: dict[str, Entry | None] = {}

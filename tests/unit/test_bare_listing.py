@@ -8,6 +8,7 @@ HEADs. Through the kernel: ``tests/fuse/test_bare_listing_mounted.py``."""
 
 from __future__ import annotations
 
+import collections
 import errno
 import stat
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from airfs.core.fs import Filesystem
 from airfs.core.inodes import ROOT_INO
 from airfs.core.listings import HEADS_MAX
 from airfs.daemon.build import build
+from airfs.origin.base import Entry
 from airfs.testing.memory import MemoryOrigin
 
 N = HEADS_MAX + 10
@@ -93,21 +95,40 @@ async def test_without_bare_entries_every_name_comes_with_its_attributes(
         assert stat.S_IMODE(got["f005"][0].mode) == 0o600
 
 
-async def test_after_the_ttl_the_listing_fetched_again_is_bare_too(tmp_path: Path) -> None:
-    """A lookup after the TTL lists the directory again (its listing was cheap): bare, and
-    its guessed entries do not answer: a mode changed at the origin is seen."""
+async def test_after_the_ttl_names_are_asked_by_name_and_a_new_one_relists_bare(
+    tmp_path: Path,
+) -> None:
+    """After the TTL, a name the bare listing has is asked by name (a listing fetched again
+    would not answer it either): a mode changed at the origin is seen, and a walk over the
+    names asks them ahead, each once. A name the listing does not have lists the directory
+    again, bare too (no attribute asked for its other names)."""
     async with core(tmp_path, bare=True, ttl=0.3) as (fs, mem, d):
         await listed(fs, d)
         await trio.sleep(0.4)
         mem.set_attrs("d/f007", mode=0o640)
         lists = mem.calls["list"]
-        for i in range(20):  # a pass over its names: enough to list it again
-            await fs.lookup(d, f"f{i:03}")
-        a = await fs.lookup(d, "f007")
-        assert stat.S_IMODE(a.mode) == 0o640
-        assert mem.calls["list"] > lists and mem.calls["list_heads"] == 0
+        asked: collections.Counter[str] = collections.Counter()
+        inner = mem.stat
+
+        def counted(path: str) -> Entry:
+            asked[path] += 1
+            return inner(path)
+
+        mem.stat = counted  # type: ignore[method-assign]
+        modes = {}
+        for i in range(N):  # ``ls -l``: each name in the listing's order
+            modes[i] = stat.S_IMODE((await fs.lookup(d, f"f{i:03}")).mode)
+        assert modes.pop(7) == 0o640 and set(modes.values()) == {0o600}
+        assert mem.calls["list"] == lists  # not listed again
+        assert {p: n for p, n in asked.items() if p.startswith("d/f")} == {
+            f"d/f{i:03}": 1 for i in range(N)
+        }  # each name asked once (walked ahead)
+        mem.put_bytes("d/new", b"n", mode=0o604)
+        a = await fs.lookup(d, "new")
+        assert stat.S_IMODE(a.mode) == 0o604
+        assert mem.calls["list"] == lists + 1 and mem.calls["list_heads"] == 0
         kept = fs.listings.latest("d")
-        assert kept is not None and kept.bare
+        assert kept is not None and kept.bare and "new" in kept.entries
 
 
 def test_named_nodes_are_kept_up_to_a_bound() -> None:
