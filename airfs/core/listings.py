@@ -47,8 +47,8 @@ name. A walk over such names (``ls -l``, ``du``) asks them ahead as wide as the 
 would have (``BARE_WALK_LANES`` jobs at once), each name asked ahead a question its own lookup
 joins. After the TTL, a name a bare listing has is still asked by name (the listing fetched
 again would not answer it either; fetching it again for each TTL would restart the walk); a
-name it does not have fetches it again (bare too). A bare listing never starts a kernel-cache watch (:mod:`airfs.core.kernelcache`: its
-checks list with every attribute).
+name it does not have fetches it again (bare too). A bare listing never starts a
+kernel-cache watch (:mod:`airfs.core.kernelcache`: its checks list with every attribute).
 
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
