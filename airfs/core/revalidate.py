@@ -117,9 +117,14 @@ class Revalidation:
             q.error = exc
             raise
         finally:
-            if self.asking.get(path) is q:
-                del self.asking[path]
-            q.done.set()
+            self._ended(path, q)
+
+    def _ended(self, path: str, q: Question) -> None:
+        """``q``, the question about ``path``, is over (answered, failed or not answered):
+        later callers ask anew, those waiting take what it has."""
+        if self.asking.get(path) is q:
+            del self.asking[path]
+        q.done.set()
 
     async def _ask_entry(self, path: str) -> tuple[Entry | None, float]:
         """:meth:`origin_entry`'s question, asked once. A name a bare listing has (fresh
@@ -129,13 +134,7 @@ class Revalidation:
             parent, name = split(path)
             listing = self._answering(self.listings.fresh(parent), name)
             latest = self.listings.latest(parent)
-            by_name = (
-                listing is None
-                and latest is not None
-                and latest.bare
-                and (e := latest.entries.get(name)) is not None
-                and e.guessed
-            )
+            by_name = latest is not None and self._answering(latest, name) is None
             if listing is None and self.ahead.reading(parent):
                 whole = await self._read_whole(parent, name, path)
                 if whole is not None:
@@ -196,11 +195,9 @@ class Revalidation:
             )
         finally:
             for p, q in mine.items():
-                if self.asking.get(p) is q:
-                    del self.asking[p]
                 if p in got:
                     q.answer = (got[p], t0)
-                q.done.set()
+                self._ended(p, q)
         self.name_cost(t0, len(got))
         self.listings.asked(parent, len(mine))
         asked = [(n, got[p]) for n in more if (p := join(parent, n)) in got]

@@ -327,11 +327,9 @@ class AsyncOrigin:
         millisecond or more each) the paths are split into up to ``lanes`` (default
         ``STAT_LANES``) contiguous runs asked at once, one job each (each within
         ``budget_s``)."""
-        n_lanes = 1
-        if len(paths) > 1 and self.stat_s > SLOW_STAT_S:
-            n_lanes = min(STAT_LANES if lanes is None else lanes, len(paths))
-        lanes = n_lanes
-        k = -(-len(paths) // lanes)
+        wide = STAT_LANES if lanes is None else lanes
+        n = min(wide, len(paths)) if len(paths) > 1 and self.stat_s > SLOW_STAT_S else 1
+        k = -(-len(paths) // n)
         runs = [paths[i : i + k] for i in range(0, len(paths), k)]
         out: dict[str, Entry | None] = {}
         first: list[OriginError] = []
