@@ -43,7 +43,7 @@ from typing import Required, TypedDict, Unpack
 
 import trio
 
-from airfs.core.readpath import BackingStats, ObjectRef
+from airfs.core.readpath import BackingStats, ObjectRef, ReadBuffer
 
 from ..origin.aio import AsyncOrigin
 from .backing import BackingFiles, LocalFile, Verified
@@ -489,7 +489,7 @@ class CachedReadPath:
         """Write everything changed to the index now (one transaction, in a thread)."""
         await self._keeper.flush()
 
-    async def read_for(self, reader: CachedReader, offset: int, size: int) -> bytes:
+    async def read_for(self, reader: CachedReader, offset: int, size: int) -> ReadBuffer:
         """:meth:`CachedReader.read` (checked there): the reader's stream decides what to
         fetch ahead, the planner serves the bytes."""
         obj = reader.obj

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from airfs.core.readpath import ObjectRef
+from airfs.core.readpath import ObjectRef, ReadBuffer
 
 from .prefetch import Stream
 from .store import CachedObject
@@ -18,7 +18,7 @@ __all__ = ["CachedReader", "ReaderHost"]
 class ReaderHost(Protocol):
     """The read path a :class:`CachedReader` reads through."""
 
-    async def read_for(self, reader: CachedReader, offset: int, size: int) -> bytes: ...
+    async def read_for(self, reader: CachedReader, offset: int, size: int) -> ReadBuffer: ...
 
     def reader_closed(self, reader: CachedReader) -> None: ...
 
@@ -37,7 +37,7 @@ class CachedReader:
         self.stream = stream
         self.closed = False
 
-    async def read(self, offset: int, size: int) -> bytes:
+    async def read(self, offset: int, size: int) -> ReadBuffer:
         """Up to ``size`` bytes at ``offset`` of the reader's object version; short only at the
         end. Raises :class:`~airfs.origin.base.Conflict` when bytes not cached are no longer
         at the origin in this version, other :class:`~airfs.origin.base.OriginError` s when the

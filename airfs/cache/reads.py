@@ -18,7 +18,8 @@ applies backpressure.
 :class:`ReadPlanner` does this for :class:`~airfs.cache.reader.CachedReader`: it cuts the
 read into runs present on disk and runs that parts bring (:meth:`ReadPlanner.plan`, starting
 demand parts for blocks nobody fetches yet), asks the reader's stream for its prefetch, and
-joins the pieces; when blocks turn out missing or corrupt on the way it plans again, at most
+answers with the one piece (a read within one part: a view of its buffer, no copy) or joins
+the pieces; when blocks turn out missing or corrupt on the way it plans again, at most
 :data:`MAX_ATTEMPTS` times. Loop use only.
 """
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import errno
 
+from ..core.readpath import ReadBuffer
 from ..origin.base import OriginError
 from .fetch import Fetcher, FetchKind, Part
 from .hits import HitReader
@@ -38,6 +40,14 @@ __all__ = ["MAX_ATTEMPTS", "ReadPlanner"]
 
 #: plans of one read before it fails with EIO (each new plan follows a block found missing)
 MAX_ATTEMPTS = 5
+
+
+def view(data: bytes | memoryview, start: int, end: int) -> memoryview:
+    """A read-only byte view of ``data[start:end]`` (a part's buffer, never changed)."""
+    mv = memoryview(data)
+    if mv.itemsize != 1 or mv.format != "B":
+        mv = mv.cast("B")
+    return mv[start:end].toreadonly()
 
 
 class ReadPlanner:
@@ -61,12 +71,13 @@ class ReadPlanner:
         end: int,
         reader: CachedReader,
         span: tuple[int, int] | None,
-    ) -> bytes:
+    ) -> ReadBuffer:
         """The bytes ``[off, end)`` of ``obj`` (loaded: its block map is in memory; ``end``
         within its size) for ``reader``, first asking its stream's prefetch ``span`` (None:
         no prefetch). Raises the error of a part it waited for (the origin's), or
         :class:`~airfs.origin.base.OriginError` (EIO) when cached blocks keep turning out
-        missing or corrupt."""
+        missing or corrupt. A read served by one part's buffer is a read-only view of it
+        (parts never change their buffers), else ``bytes``."""
         self.stats.reads += 1
         self._table.touch(obj)
         bs = self._bs
@@ -107,11 +118,11 @@ class ReadPlanner:
                     raise part.error
                 if part.data is None:
                     break  # stored, not kept in memory: read it from the cache file
-                pieces.append(memoryview(part.data)[s - part.start : e - part.start])
+                pieces.append(view(part.data, s - part.start, e - part.start))
                 self.stats.miss_bytes += e - s
             else:
-                if len(pieces) == 1 and isinstance(pieces[0], bytes):
-                    return pieces[0]
+                if len(pieces) == 1:
+                    return pieces[0]  # bytes, or a view of one part: no copy on the loop
                 return b"".join(pieces)
         raise OriginError(f"{obj.path}: cache read keeps failing", errno.EIO)
 
@@ -128,7 +139,7 @@ class ReadPlanner:
                 break
             m = min(e, part.end)
             assert part.data is not None
-            pieces.append(memoryview(part.data)[s - part.start : m - part.start])
+            pieces.append(view(part.data, s - part.start, m - part.start))
             self._hits.count(obj, s, m)
             self.stats.kept_hit_bytes += m - s
             if m >= part.end:

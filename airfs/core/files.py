@@ -21,7 +21,7 @@ from .base import Core, counted
 from .context import current_caller
 from .handles import Handle, err
 from .inodes import Node
-from .readpath import LocalFile, ObjectRef
+from .readpath import LocalFile, ObjectRef, ReadBuffer
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +283,7 @@ class Files:
         return h
 
     @counted
-    async def read(self, fh: int, offset: int, size: int) -> bytes:
+    async def read(self, fh: int, offset: int, size: int) -> ReadBuffer:
         h = self._handle(fh)
         # the live staged content at the file's path (rewrites by other processes are seen
         # at once), else the version this handle opened (an unlinked or replaced file)

@@ -9,6 +9,10 @@ Contract for every implementation: bytes returned by ``Reader.read`` belong to e
 object version the reader was opened on; if the origin no longer has that version and the bytes
 are not cached, ``read`` raises :class:`airfs.origin.base.Conflict` (the core reports EIO) rather
 than mixing versions.
+
+What ``Reader.read`` returns is a :data:`ReadBuffer`: ``bytes``, or a read-only byte view of a
+buffer that nobody changes afterwards (a fetched part served from memory: no copy on the
+loop). A consumer that needs ``bytes`` copies it (``bytes(buf)``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ from typing import Any, Literal, Protocol
 
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Entry, Kind, join
+
+#: what a read returns: ``bytes``, or a read-only ``memoryview`` (format ``B``) of a buffer
+#: that is never changed (a fetched part); kept by the consumer as long as it likes
+ReadBuffer = bytes | memoryview
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,8 +109,9 @@ class Reader(Protocol):
         """The object version this reader reads."""
         ...
 
-    async def read(self, offset: int, size: int) -> bytes:
-        """Up to ``size`` bytes at ``offset``; short only at the end of the object."""
+    async def read(self, offset: int, size: int) -> ReadBuffer:
+        """Up to ``size`` bytes at ``offset``; short only at the end of the object (a
+        :data:`ReadBuffer`: bytes, or a read-only view of a buffer nobody changes)."""
         ...
 
     def close(self) -> None:

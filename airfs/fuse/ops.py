@@ -169,7 +169,10 @@ class FuseOps(pyfuse3.Operations):
 
     @replies
     async def read(self, fh: int, off: int, size: int) -> bytes:
-        return await self.fs.read(fh, off, size)
+        data = await self.fs.read(fh, off, size)
+        # libfuse's reply takes bytes: a view of a fetched part is copied here (the kernel
+        # transport writes it as it is)
+        return data if isinstance(data, bytes) else bytes(data)
 
     @replies
     async def write(self, fh: int, off: int, buf: bytes) -> int:

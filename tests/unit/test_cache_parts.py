@@ -123,6 +123,43 @@ async def test_reads_of_a_big_part_are_answered_before_it_is_written(
         assert st.origin_requests == 0 and st.hit_bytes == part and st.corrupt_blocks == 0
 
 
+async def test_a_read_within_one_part_is_a_view_of_its_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read answered from one fetched part's memory is a read-only view of that part's
+    buffer (the loop copies nothing: the kernel transport writes the view to the kernel); a
+    read across two parts is joined into new bytes. Both are the origin's bytes, and a view
+    taken earlier keeps them after the part is written and let go."""
+    part = 4 * MiB
+    mo = MemoryOrigin()
+    data = blob(2 * part, seed=7)
+    mo.put_bytes("f", data)
+    obj = ref(mo, "f")
+    # the big part's write is held (it stays in memory, in flight); the readahead's small
+    # parts are written in their fetch jobs
+    held = HeldWrites(monkeypatch, over=INLINE_WRITE_MAX)
+    async with cached(mo, tmp_path, part_size=part) as rp:
+        r = rp.open(obj)
+        with trio.fail_after(20):  # a guard: the big write is held, the reads must not wait
+            first = await r.read(0, part)  # one demand part of part_size
+            one = await r.read(1 * MiB, 1 * MiB)  # within it, served from its buffer
+            for v in (first, one):
+                assert isinstance(v, memoryview) and v.readonly and v.format == "B"
+            assert first == data[:part] and one.nbytes == MiB and one == data[MiB : 2 * MiB]
+            assert one.obj is first.obj  # the same buffer, not a copy
+            with pytest.raises(TypeError):
+                one[0] = 0  # type: ignore[index]
+            across = await r.read(part - 4096, 8192)  # the end of one, the start of the next
+            assert isinstance(across, bytes) and across == data[part - 4096 : part + 4096]
+            assert held.waiting == 1  # all of it while the big part's write was held
+        held.release()
+        r.close()
+        with trio.fail_after(20):
+            while rp.statistics().inflight_bytes:
+                await trio.sleep(0.01)
+        assert one == data[MiB : 2 * MiB]  # the view keeps its bytes
+
+
 async def test_a_corrupt_block_of_a_big_part_is_refetched(tmp_path: Path) -> None:
     """Blocks written after their waiters were answered are verified on every later read: a
     flipped byte fails its chunk's checksum, and only that block is fetched again."""

@@ -33,7 +33,8 @@ from .takeover import StateLog
 
 log = logging.getLogger(__name__)
 
-Payload = bytes | list[bytes]
+#: a reply: one buffer, or buffers written together (``writev``); views are never changed
+Payload = bytes | memoryview | list[bytes] | list[bytes | memoryview]
 #: returned by handlers of requests that take no reply (FORGET, BATCH_FORGET)
 NO_REPLY: Any = object()
 #: directories whose last listing signature is remembered (for FOPEN_KEEP_CACHE)
