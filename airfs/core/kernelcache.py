@@ -17,7 +17,10 @@ checks instead of by the kernel's clock. The rules:
   listing kept and fresh, fetched in less than ``WATCH_MAX_TOOK`` of the TTL, of at most
   ``WATCH_MAX_ENTRIES`` names; at most ``WATCH_DIRS`` at once and ``WATCH_NAMES`` names in
   all (beyond, plain TTL timeouts). A listing is one request per page (S3) or one
-  ``scandir`` (POSIX).
+  ``scandir`` (POSIX). A check lists bare (:mod:`airfs.core.listings`): S3 is asked no
+  attribute of an object it has not seen in its listed state (a new object, nobody holds
+  its name; or a changed one: its entry is ``guessed``, never the same as the node's, so
+  the name is dropped from the kernel and asked again).
 * **A lease.** A reply about a name in a watched directory lets the kernel keep it for the
   directory's lease: ``LEASE_MIN_TTLS`` TTLs at first, doubled (up to ``LEASE_MAX`` seconds)
   each time the kernel still asks about names in it a whole lease after the leases of that
@@ -129,8 +132,9 @@ class Directories(Protocol):
         """What is known of ``path`` is trusted until ``airfs refresh`` (an immutable mount
         or volume)."""
 
-    async def relist(self, dir_path: str, since: float) -> Listing | None:
-        """Fetch ``dir_path``'s listing again (None: gone, or not kept)."""
+    async def relist(self, dir_path: str, since: float, *, bare: bool = False) -> Listing | None:
+        """Fetch ``dir_path``'s listing again (None: gone, or not kept); ``bare``: the
+        attributes of objects the origin has not seen may be left guessed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +267,6 @@ class KernelCache:
         listing = self.core.listings.latest(parent)
         if (
             listing is None
-            or listing.bare  # fast for want of attributes: its checks would ask them all
             or now - listing.at >= self.ttl
             or listing.took >= WATCH_MAX_TOOK * self.ttl
             or len(listing.entries) > WATCH_MAX_ENTRIES
@@ -378,7 +381,9 @@ class KernelCache:
             async with limit:
                 t0 = time.monotonic()
                 try:
-                    listing = await self.core.relist(path, t0)
+                    # bare: objects the origin has not seen are not asked one by one
+                    # (nobody holds their names; a changed object is one of them)
+                    listing = await self.core.relist(path, t0, bare=True)
                 except OriginError as exc:
                     listing = None
                     log.debug("%s: check failed: %s", path, exc)
@@ -418,7 +423,9 @@ class KernelCache:
                 continue
             name = child.rpartition("/")[2]
             e = entries.get(name)
-            if e is not None and node.entry is not None and same(node.entry, e):
+            # a guessed entry is an object the origin has not seen in this state (changed,
+            # or new to it): never the same
+            if e is not None and not e.guessed and node.entry is not None and same(node.entry, e):
                 if node.fetched < at:
                     node.fetched = at
                 continue

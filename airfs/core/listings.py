@@ -46,9 +46,12 @@ so that ``find`` over 15,000 objects costs 15 LIST requests, not 15,000 HEADs be
 name. A walk over such names (``ls -l``, ``du``) asks them ahead as wide as the listing's HEADs
 would have (``BARE_WALK_LANES`` jobs at once), each name asked ahead a question its own lookup
 joins. After the TTL, a name a bare listing has is still asked by name (the listing fetched
-again would not answer it either; fetching it again for each TTL would restart the walk); a
-name it does not have fetches it again (bare too). A bare listing never starts a
-kernel-cache watch (:mod:`airfs.core.kernelcache`: its checks list with every attribute).
+again would not answer it either; fetching it again for each TTL would restart the walk)
+until every name it guessed was asked by name once (``Listing.all_named``: the origin knows
+their attributes then, and a new listing, still one LIST request per 1,000 names, answers
+them all, as a listing of a small directory does); a name it does not have fetches it again
+(bare too). A kernel-cache watch (:mod:`airfs.core.kernelcache`) checks a directory with bare
+listings: a LIST, no HEAD for objects the origin has not seen (nobody holds their names).
 
 A directory asked by name is walked ahead (:meth:`ListingCache.walk_ahead`): when the names
 asked follow one another in its (expired) listing's order -- ``ls -l``, ``find``, ``du`` --
@@ -122,6 +125,22 @@ class Listing:
     #: some entries are ``guessed`` (their attributes not asked): it answers which names
     #: exist, not their attributes
     bare: bool = False
+    #: how many entries are guessed, and which of them were asked of the origin by name
+    #: since it was fetched (the origin then knows their attributes: a new listing has them)
+    guessed: int = 0
+    named: set[str] = field(default_factory=set)
+
+    def note_named(self, name: str) -> None:
+        """``name`` was asked of the origin by name (or read whole): if this listing only
+        guessed its attributes, the origin knows them now."""
+        e = self.entries.get(name)
+        if e is not None and e.guessed:
+            self.named.add(name)
+
+    def all_named(self) -> bool:
+        """Every name this listing guessed was asked by name since: listed again, it would
+        answer them all (the origin remembers what it was told of each object's state)."""
+        return len(self.named) >= self.guessed
 
 
 def _never(dir_path: str) -> bool:
@@ -159,7 +178,8 @@ class ListingCache:
         """Store a listing fetched at ``at`` in ``took`` seconds (kept only if no change
         through the mount touched the directory since ``at``)."""
         listing = Listing(at, {e.name: e for e in entries}, took, again=dir_path in self._dirs)
-        listing.bare = any(e.guessed for e in entries)
+        listing.guessed = sum(1 for e in entries if e.guessed)
+        listing.bare = listing.guessed > 0
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)

@@ -112,12 +112,21 @@ class Revalidation:
         self.asking[path] = q
         try:
             q.answer = await self._ask_entry(path)
+            self._named(path)
             return q.answer
         except OriginError as exc:
             q.error = exc
             raise
         finally:
             self._ended(path, q)
+
+    def _named(self, path: str) -> None:
+        """``path`` was answered by the origin: a bare listing of its directory that guessed
+        it counts it as asked by name (:meth:`Listing.note_named`)."""
+        parent, name = split(path)
+        latest = self.listings.latest(parent) if path else None
+        if latest is not None and latest.bare:
+            latest.note_named(name)
 
     def _ended(self, path: str, q: Question) -> None:
         """``q``, the question about ``path``, is over (answered, failed or not answered):
@@ -134,11 +143,22 @@ class Revalidation:
             parent, name = split(path)
             listing = self._answering(self.listings.fresh(parent), name)
             latest = self.listings.latest(parent)
-            by_name = latest is not None and self._answering(latest, name) is None
+            by_name = (
+                latest is not None
+                and self._answering(latest, name) is None
+                and not latest.all_named()
+            )
             if listing is None and self.ahead.reading(parent):
                 whole = await self._read_whole(parent, name, path)
                 if whole is not None:
                     return whole
+            if listing is None and latest is not None and latest.bare:
+                # a walk over a bare listing answered it ahead (its last names, once every
+                # name was asked, are still taken before listing it again)
+                ahead = self.listings.take_ahead(parent, name)
+                if ahead is not None:
+                    self.listings.asked(parent)
+                    return ahead
             if (
                 listing is None
                 and not by_name
@@ -197,6 +217,7 @@ class Revalidation:
             for p, q in mine.items():
                 if p in got:
                     q.answer = (got[p], t0)
+                    self._named(p)
                 self._ended(p, q)
         self.name_cost(t0, len(got))
         self.listings.asked(parent, len(mine))

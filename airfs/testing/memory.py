@@ -74,6 +74,9 @@ class MemoryOrigin:
         self._ver = itertools.count(1)
         self.calls: collections.Counter[str] = collections.Counter()
         self.bytes_read = 0
+        #: with bare listings: the entries asked (``stat``, a listing's ``list_heads``) in
+        #: the state they were asked in (S3 remembers what it was told of each object)
+        self._seen: dict[str, Entry] = {}
 
     def _entry(self, path: str, o: _Obj) -> Entry:
         size = len(o.data) if o.kind is Kind.FILE else len(o.target)
@@ -103,16 +106,19 @@ class MemoryOrigin:
     def stat(self, path: str) -> Entry:
         with self._lock:
             self.calls["stat"] += 1
-            return self._entry(path, self._get(path))
+            e = self._seen[path] = self._entry(path, self._get(path))
+            return e
 
     def list(
         self, path: str, *, attrs: bool = True, heads_max: int | None = None
     ) -> list[Entry]:
         """One level. ``attrs``/``heads_max`` as S3's (``Capabilities.bare_lists``, given by
-        :meth:`with_bare_lists`): a listing asks no attributes when ``attrs`` is False or
-        more than ``heads_max`` entries would need them (every entry, here); its entries are
+        :meth:`with_bare_lists`): an entry asked before (``stat``, an asked listing) and not
+        changed since comes with its attributes; a listing asks the others' attributes
+        unless ``attrs`` is False or there are more than ``heads_max`` of them; those are
         then ``guessed``: mode 0o644 (a directory's 0o755), no owner, time 0. An asked
-        listing counts one ``list_heads`` call per entry (S3's HEADs)."""
+        listing counts one ``list_heads`` call per entry it asked (S3's HEADs; every entry
+        without bare listings)."""
         with self._lock:
             self.calls["list"] += 1
             if self._get(path).kind is not Kind.DIR:
@@ -123,14 +129,20 @@ class MemoryOrigin:
                 for p, o in self._objs.items()
                 if p and p.startswith(prefix) and "/" not in p[len(prefix) :]
             ]
-            bare = self.capabilities.bare_lists and (
-                not attrs or (heads_max is not None and len(out) > heads_max)
-            )
-            if not bare:
+            if not self.capabilities.bare_lists:
                 self.calls["list_heads"] += len(out)
                 return out
+            seen = self._seen
+            unknown = [e for e in out if seen.get(prefix + e.name) != e]
+            if attrs and (heads_max is None or len(unknown) <= heads_max):
+                self.calls["list_heads"] += len(unknown)
+                for e in unknown:
+                    seen[prefix + e.name] = e
+                return out
             return [
-                dataclasses.replace(
+                e
+                if seen.get(prefix + e.name) == e
+                else dataclasses.replace(
                     e,
                     mode=0o755 if e.kind is Kind.DIR else 0o644,
                     uid=None,

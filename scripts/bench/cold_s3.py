@@ -15,11 +15,11 @@ fresh mount with an empty cache and measures, cold:
 - ``small``: ``--small`` objects of ``--small-kib`` copied out of the mount with the seed's
   recipe, ``find DIR -type f | xargs -P JOBS -n 32 cp -t DEST``, files/s.
 
-For airfs, ``--cached-p99`` also reads 200 more small objects once (cached), then times
-whole-file reads of them by one thread (open, read, close) for 2 s with nothing else running
-and again during the cold read of a second big object (after the rows above, which run
-alone): p50 and p99 of each, "a cold read never stalls
-other work"; a second thread reads copies of the same files from the local disk at the same
+For airfs (and airfs-before), ``--cached-p99`` also reads 200 more small objects once
+(cached), then times whole-file reads of them by one thread (open, read, close) for 2 s with
+nothing else running and again during the cold read of a second big object (after the rows
+above, which run alone): p50 and p99 of each, "a cold read never stalls other work"; a second
+thread reads copies of the same files from the local disk at the same
 time, the control (what the machine's load alone does to a read's latency).
 
 ``raw`` is the same client library airfs uses (obstore): 16 threads of 8 MiB ``get_range`` for
@@ -251,9 +251,9 @@ def main() -> int:
     vals: dict[str, dict[str, list[float]]] = {
         s: {"big": [], "four": [], "small": [], "warm": []} for s in systems
     }
-    #: airfs (--cached-p99): per round, cached whole-file reads' p50/p99 (ms) alone and during
-    #: the cold big read
-    lat: list[dict[str, float]] = []
+    #: airfs and airfs-before (--cached-p99): per round, cached whole-file reads' p50/p99 (ms)
+    #: alone and during the cold big read
+    lat: dict[str, list[dict[str, float]]] = {s: [] for s in systems if s.startswith("airfs")}
     #: the airfs daemons' CPU seconds per GiB of the big read (steadier than MiB/s when busy)
     cpu: dict[str, list[float]] = {s: [] for s in systems if s.startswith("airfs")}
     try:
@@ -360,7 +360,7 @@ def main() -> int:
                     @contextlib.contextmanager
                     def airfs_ctx() -> Iterator[None]:
                         try:
-                            if a.cached_p99 and system == "airfs":
+                            if a.cached_p99:
                                 warm = sorted((mp / "warm").iterdir())
                                 # the control: the same files on the local disk, read by a
                                 # second thread at the same time (what the machine's load
@@ -379,11 +379,12 @@ def main() -> int:
                             if four:
                                 vals[system]["four"].append(
                                     read_four([mp / "four" / f"{i}.bin" for i in range(4)]))
-                            if a.cached_p99 and system == "airfs":
+                            if a.cached_p99:
                                 # a second big object, so that the rows above run alone
                                 with CachedReads(warm) as during, CachedReads(local) as l_during:
                                     read_all(mp / "big2.bin")
-                                lat.append({"alone_p50": alone.p(0.5), "alone_p99": alone.p(0.99),
+                                lat[system].append({"alone_p50": alone.p(0.5),
+                                            "alone_p99": alone.p(0.99),
                                             "during_p50": during.p(0.5),
                                             "during_p99": during.p(0.99),
                                             "during_n": len(during.times),
@@ -442,8 +443,10 @@ def main() -> int:
         if c:
             report += (f"\n{s_} daemon CPU per GiB of the big read: "
                        + ", ".join(f"{x:.2f}" for x in c) + " s\n")  # fmt: skip
-    if lat:
-        report += ("\nairfs, cached 150 KiB whole-file reads by one thread (ms), per round: "
+    for s_, ls in lat.items():
+        if not ls:
+            continue
+        report += (f"\n{s_}, cached 150 KiB whole-file reads by one thread (ms), per round: "
                    + "; ".join(f"alone p50 {x['alone_p50']:.2f} p99 {x['alone_p99']:.2f}, "
                                f"during the cold read p50 {x['during_p50']:.2f} "
                                f"p99 {x['during_p99']:.2f} ({x['during_n']:.0f} reads: p99 "
@@ -452,7 +455,7 @@ def main() -> int:
                                f"the same files on the local disk, read at the same time: "
                                f"alone p99 {x['local_alone_p99']:.2f}, during p50 "
                                f"{x['local_during_p50']:.2f} p99 {x['local_during_p99']:.2f}"
-                               for x in lat) + "\n")  # fmt: skip
+                               for x in ls) + "\n")  # fmt: skip
     print(report)
     if a.out:
         a.out.write_text(report)

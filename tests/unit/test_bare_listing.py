@@ -101,7 +101,8 @@ async def test_after_the_ttl_names_are_asked_by_name_and_a_new_one_relists_bare(
     """After the TTL, a name the bare listing has is asked by name (a listing fetched again
     would not answer it either): a mode changed at the origin is seen, and a walk over the
     names asks them ahead, each once. A name the listing does not have lists the directory
-    again, bare too (no attribute asked for its other names)."""
+    again, bare too when more than HEADS_MAX objects are new to the origin (no attribute
+    asked for them); the names asked since come with their attributes."""
     async with core(tmp_path, bare=True, ttl=0.3) as (fs, mem, d):
         await listed(fs, d)
         await trio.sleep(0.4)
@@ -123,12 +124,52 @@ async def test_after_the_ttl_names_are_asked_by_name_and_a_new_one_relists_bare(
         assert {p: n for p, n in asked.items() if p.startswith("d/f")} == {
             f"d/f{i:03}": 1 for i in range(N)
         }  # each name asked once (walked ahead)
-        mem.put_bytes("d/new", b"n", mode=0o604)
-        a = await fs.lookup(d, "new")
+        for i in range(HEADS_MAX + 1):
+            mem.put_bytes(f"d/new{i:03}", b"n", mode=0o604)
+        a = await fs.lookup(d, "new000")
         assert stat.S_IMODE(a.mode) == 0o604
         assert mem.calls["list"] == lists + 1 and mem.calls["list_heads"] == 0
         kept = fs.listings.latest("d")
-        assert kept is not None and kept.bare and "new" in kept.entries
+        assert kept is not None and kept.bare and kept.entries["new001"].guessed
+        assert kept.guessed == HEADS_MAX + 1  # f000... were asked: the origin knows them
+        f7 = kept.entries["f007"]
+        assert not f7.guessed and stat.S_IMODE(f7.mode) == 0o640
+
+
+async def test_once_every_guessed_name_was_asked_the_next_listing_answers_them(
+    tmp_path: Path,
+) -> None:
+    """A bare listing's names asked by name once each (a job reading a directory of cached
+    files): the origin knows their attributes, so after the TTL the directory is listed
+    again (one listing, no attribute asked) and that listing answers every name, as a small
+    directory's does; before, every name was asked again by itself after each TTL. A name
+    changed at the origin meanwhile is still seen (its state is new to the origin: the
+    listing asks it, S3's HEAD, as for a small directory)."""
+    async with core(tmp_path, bare=True, ttl=0.3) as (fs, mem, d):
+        await listed(fs, d)
+        for i in range(N):
+            await fs.lookup(d, f"f{i:03}")
+        await fs.lookup(d, "sub")
+        first = fs.listings.latest("d")
+        assert first is not None and first.bare and first.all_named()
+        await trio.sleep(0.4)
+        mem.set_attrs("d/f007", mode=0o640)
+        lists = mem.calls["list"]
+        asked: collections.Counter[str] = collections.Counter()
+        inner = mem.stat
+
+        def counted(path: str) -> Entry:
+            asked[path] += 1
+            return inner(path)
+
+        mem.stat = counted  # type: ignore[method-assign]
+        modes = {i: stat.S_IMODE((await fs.lookup(d, f"f{i:03}")).mode) for i in range(N)}
+        assert modes.pop(7) == 0o640 and set(modes.values()) == {0o600}
+        assert mem.calls["list"] == lists + 1  # listed once again
+        assert not [p for p in asked if p.startswith("d/")]  # no name asked by itself
+        assert mem.calls["list_heads"] == 1  # the listing asked f007's (new to the origin)
+        again = fs.listings.latest("d")
+        assert again is not None and again is not first and not again.bare
 
 
 def test_named_nodes_are_kept_up_to_a_bound() -> None:
