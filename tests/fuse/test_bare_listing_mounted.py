@@ -104,9 +104,12 @@ def test_a_big_directory_read_again_is_not_asked_name_by_name(
     knows every object's attributes) and checked once per TTL by the kernel cache's watch,
     so later passes cost no HEAD per name (before: one per name per TTL, each waited for by
     an ``open``: a cached read's p99 went from 8 to 20-30 ms during a cold read). A change
-    of mode made at the origin is still seen after the TTL."""
+    of mode made at the origin is still seen after the TTL. (A TTL of 2 s: a listing that
+    takes a good part of the TTL, on a loaded machine, is not fetched again at once -- the
+    rule of :mod:`airfs.core.listings` -- so the first passes may still ask names.)"""
     s3_only(origin_spec)
-    v: Volume = make_volume("--fuse", "kernel", "--ttl", "0.5")
+    ttl = 2.0
+    v: Volume = make_volume("--fuse", "kernel", "--ttl", str(ttl))
     view = cast(S3Origin, origin_spec.view)
     src = tmp_path / "src"
     src.write_bytes(b"epoch")
@@ -118,17 +121,20 @@ def test_a_big_directory_read_again_is_not_asked_name_by_name(
     for n in names:  # the first pass: each name asked (and read) once
         assert (d / n).read_bytes() == b"epoch"
     per_pass = []
-    for _ in range(3):
-        time.sleep(0.7)  # past the TTL
+    for _ in range(4):
+        time.sleep(ttl + 0.3)  # past the TTL
         h0 = heads(v)
         for n in names:
             with open(d / n, "rb") as f:
                 assert f.read() == b"epoch"
         per_pass.append(heads(v) - h0)
-    assert per_pass[-1] <= 2 and per_pass[-2] <= 2, per_pass  # before: FILES each
+    # before: FILES each pass, for ever. The first passes may still ask: objects written
+    # less than 2 s before they were seen are not trusted by a listing (Last-Modified has
+    # whole seconds), and a slow listing is not fetched again at once
+    assert per_pass[-1] <= 2 and per_pass[-2] <= 2, per_pass
     watch = v.m.status()["fs"]["kernel_cache"]
     assert watch["leases"] > 0 and watch["checks"] > 0, watch
     view.set_attrs("e/f010", mode=0o640)
-    time.sleep(1.0)
+    time.sleep(ttl + 0.5)
     assert stat.S_IMODE(os.stat(d / "f010").st_mode) == 0o640
     assert stat.S_IMODE(os.stat(d / "f011").st_mode) == 0o600
