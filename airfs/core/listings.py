@@ -122,13 +122,16 @@ class Listing:
     order: list[str] | None = None
     window: int = 1
     reach: tuple[int, int] = (-1, -1)
-    #: some entries are ``guessed`` (their attributes not asked): it answers which names
-    #: exist, not their attributes
-    bare: bool = False
-    #: how many entries are guessed, and which of them were asked of the origin by name
-    #: since it was fetched (the origin then knows their attributes: a new listing has them)
+    #: how many entries are ``guessed`` (their attributes not asked), and which of them were
+    #: asked of the origin by name since it was fetched (the origin then knows their
+    #: attributes: a new listing has them)
     guessed: int = 0
     named: set[str] = field(default_factory=set)
+
+    @property
+    def bare(self) -> bool:
+        """Some entries are guessed: it answers which names exist, not their attributes."""
+        return self.guessed > 0
 
     def note_named(self, name: str) -> None:
         """``name`` was asked of the origin by name (or read whole): if this listing only
@@ -179,7 +182,6 @@ class ListingCache:
         through the mount touched the directory since ``at``)."""
         listing = Listing(at, {e.name: e for e in entries}, took, again=dir_path in self._dirs)
         listing.guessed = sum(1 for e in entries if e.guessed)
-        listing.bare = listing.guessed > 0
         recent = self._changes.get(dir_path)
         if recent:
             horizon = time.monotonic() - max(60.0, 10 * self.ttl)

@@ -46,6 +46,19 @@ async def core(
         yield b.fs, mem, (await b.fs.lookup(ROOT_INO, "d")).ino
 
 
+def count_stats(mem: MemoryOrigin) -> collections.Counter[str]:
+    """From now on, how many times each path is asked of ``mem`` by ``stat``."""
+    asked: collections.Counter[str] = collections.Counter()
+    inner = mem.stat
+
+    def counted(path: str) -> Entry:
+        asked[path] += 1
+        return inner(path)
+
+    mem.stat = counted  # type: ignore[method-assign]
+    return asked
+
+
 async def listed(fs: Filesystem, ino: int) -> dict[str, tuple[Attr, bool]]:
     got: dict[str, tuple[Attr, bool]] = {}
 
@@ -108,14 +121,7 @@ async def test_after_the_ttl_names_are_asked_by_name_and_a_new_one_relists_bare(
         await trio.sleep(0.4)
         mem.set_attrs("d/f007", mode=0o640)
         lists = mem.calls["list"]
-        asked: collections.Counter[str] = collections.Counter()
-        inner = mem.stat
-
-        def counted(path: str) -> Entry:
-            asked[path] += 1
-            return inner(path)
-
-        mem.stat = counted  # type: ignore[method-assign]
+        asked = count_stats(mem)
         modes = {}
         for i in range(N):  # ``ls -l``: each name in the listing's order
             modes[i] = stat.S_IMODE((await fs.lookup(d, f"f{i:03}")).mode)
@@ -155,14 +161,7 @@ async def test_once_every_guessed_name_was_asked_the_next_listing_answers_them(
         await trio.sleep(0.4)
         mem.set_attrs("d/f007", mode=0o640)
         lists = mem.calls["list"]
-        asked: collections.Counter[str] = collections.Counter()
-        inner = mem.stat
-
-        def counted(path: str) -> Entry:
-            asked[path] += 1
-            return inner(path)
-
-        mem.stat = counted  # type: ignore[method-assign]
+        asked = count_stats(mem)
         modes = {i: stat.S_IMODE((await fs.lookup(d, f"f{i:03}")).mode) for i in range(N)}
         assert modes.pop(7) == 0o640 and set(modes.values()) == {0o600}
         assert mem.calls["list"] == lists + 1  # listed once again
