@@ -151,7 +151,9 @@ async def test_a_read_within_one_part_is_a_view_of_its_buffer(
                 one[0] = 0  # type: ignore[index]
             across = await r.read(part - 4096, 8192)  # the end of one, the start of the next
             assert isinstance(across, bytes) and across == data[part - 4096 : part + 4096]
-            assert held.waiting == 1  # all of it while the big part's write was held
+            while held.waiting == 0:  # its write job starts after the reads were answered
+                await trio.sleep(0.005)
+            assert held.waiting == 1  # the big part's write, held: not written yet
         held.release()
         r.close()
         with trio.fail_after(20):
