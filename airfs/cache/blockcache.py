@@ -46,6 +46,7 @@ import trio
 from airfs.core.readpath import BackingStats, ObjectRef, ReadBuffer
 
 from ..origin.aio import AsyncOrigin
+from ..origin.base import OriginError
 from .backing import BackingFiles, LocalFile, Verified
 from .evict import SpaceLimit
 from .fetch import Fetcher
@@ -57,6 +58,7 @@ from .reader import CachedReader
 from .reads import ReadPlanner
 from .stats import CacheStatistics, Counters
 from .store import CachedObject, object_key
+from .wholes import WholeBatches
 
 __all__ = ["CachedReadPath", "CachedReader"]
 
@@ -165,6 +167,7 @@ class CachedReadPath:
             max_parallel=max_parallel,
         )
         self._budget = self._fetcher.budget
+        self._batches = WholeBatches(self._fetcher, origin, self._table, self.stats)
         self.backing = BackingFiles(
             self.cache_dir,
             self._table,
@@ -315,6 +318,26 @@ class CachedReadPath:
             cobj.pins -= 1
             self._table.maybe_release(cobj)
 
+    async def warm_many(self, objs: list[ObjectRef]) -> list[int | OriginError]:
+        """:meth:`warm` each of ``objs``; for each, the bytes read from the origin or its
+        :class:`OriginError`. The small ones with nothing cached are fetched and stored by
+        one worker-thread job, one after another (:class:`WholeBatches`): a caller
+        warming many small files runs several of these at once."""
+        self._check_running()
+        cobjs = [self._table.object_for(o) for o in objs]
+        for c in cobjs:
+            c.pins += 1
+        try:
+            await self._keeper.load_many(cobjs)
+            for c in cobjs:
+                await self._keeper.ensure_loaded(c)
+                self._table.touch(c)
+            return await self._batches.warm(cobjs)
+        finally:
+            for c in cobjs:
+                c.pins -= 1
+                self._table.maybe_release(c)
+
     async def adopt(self, obj: ObjectRef, local_file: str) -> bool:
         """Make the complete local file ``local_file`` the cached content of ``obj``.
 
@@ -461,6 +484,7 @@ class CachedReadPath:
             corrupt_blocks=s.corrupt_blocks,
             uncached_bytes=s.uncached_bytes,
             warm_bytes=s.warm_bytes,
+            warm_batches=s.warm_batches,
             adopted_bytes=s.adopted_bytes,
             prefetch_window_current=max((st.window for st in streams if st.sequential), default=0),
             prefetch_window_max=max(

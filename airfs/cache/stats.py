@@ -39,6 +39,7 @@ class Counters:
         "prefetch_window_max",
         "reads",
         "uncached_bytes",
+        "warm_batches",
         "warm_bytes",
     )
 
@@ -62,6 +63,7 @@ class Counters:
     prefetch_window_max: int
     reads: int
     uncached_bytes: int
+    warm_batches: int
     warm_bytes: int
 
     def __init__(self) -> None:
@@ -84,7 +86,8 @@ class CacheStatistics:
 
     Space events: ``evictions`` (objects dropped + block runs punched), ``evicted_bytes``,
     ``corrupt_blocks`` (checksum failures, refetched), ``uncached_bytes`` (fetched but not
-    kept: no room), ``warm_bytes``, ``adopted_bytes``.
+    kept: no room), ``warm_bytes``, ``adopted_bytes``; ``warm_batches`` (worker-thread jobs
+    that fetched several small files of a warm, one after another: ``WholeBatches``).
 
     Prefetch: ``prefetch_window_current`` (largest window of the open sequential streams),
     ``prefetch_window_max`` (largest ever), ``prefetch_bytes`` (fetched ahead),
@@ -128,6 +131,7 @@ class CacheStatistics:
     corrupt_blocks: int
     uncached_bytes: int
     warm_bytes: int
+    warm_batches: int
     adopted_bytes: int
     prefetch_window_current: int
     prefetch_window_max: int

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Entry, Kind, join
+from airfs.origin.base import Entry, Kind, OriginError, join
 
 #: what a read returns: ``bytes``, or a read-only ``memoryview`` (format ``B``) of a buffer
 #: that is never changed (a fetched part); kept by the consumer as long as it likes
@@ -130,6 +130,11 @@ class ReadPath(Protocol):
         origin."""
         ...
 
+    async def warm_many(self, objs: list[ObjectRef]) -> list[int | OriginError]:
+        """:meth:`warm` each of ``objs`` (small files: a cache may fetch them in one job, one
+        after another); for each, the bytes fetched or its origin error."""
+        ...
+
     def statistics(self) -> ReadPathStatistics:
         """A frozen snapshot of the read path's state and counters."""
         ...
@@ -227,6 +232,9 @@ class DirectReadPath:
 
     async def warm(self, obj: ObjectRef) -> int:
         return 0
+
+    async def warm_many(self, objs: list[ObjectRef]) -> list[int | OriginError]:
+        return [0] * len(objs)
 
     def discard(self, path: str, keep: str | None = None) -> int:
         return 0

@@ -62,6 +62,30 @@ async def collect_files(
     return out
 
 
+#: Files of at most this size are warmed in batches of up to :data:`BATCH_FILES` (one
+#: worker-thread job of the cache fetches a batch, one file after another); bigger ones alone
+BATCH_MAX_SIZE = 1 << 20
+BATCH_FILES = 8
+
+
+def batches(files: list[ObjectRef]) -> list[list[ObjectRef]]:
+    """``files`` in their order as units of work: a big file alone, the small ones in runs of
+    up to :data:`BATCH_FILES`."""
+    out: list[list[ObjectRef]] = []
+    run: list[ObjectRef] = []
+    for f in files:
+        if f.size > BATCH_MAX_SIZE:
+            out.append([f])
+            continue
+        run.append(f)
+        if len(run) == BATCH_FILES:
+            out.append(run)
+            run = []
+    if run:
+        out.append(run)
+    return out
+
+
 async def warm(
     origin: AsyncOrigin,
     readpath: ReadPath,
@@ -96,17 +120,27 @@ async def warm(
                 }
             )
 
-    todo = iter(files)
+    todo = iter(batches(files))
 
-    async def worker() -> None:  # ``jobs`` of them take the files in order (no task per file)
-        for obj in todo:
-            try:
-                done["fetched"] += await readpath.warm(obj)
-            except OriginError as exc:
-                failures.append({"path": obj.path, "error": str(exc)})
-                log.warning("warm %s failed: %s", obj.path, exc)
-            done["files"] += 1
-            done["bytes"] += obj.size
+    def ended(obj: ObjectRef, got: int | OriginError) -> None:
+        if isinstance(got, OriginError):
+            failures.append({"path": obj.path, "error": str(got)})
+            log.warning("warm %s failed: %s", obj.path, got)
+        else:
+            done["fetched"] += got
+        done["files"] += 1
+        done["bytes"] += obj.size
+
+    async def worker() -> None:  # ``jobs`` of them take the batches in order (no task each)
+        for batch in todo:
+            if len(batch) == 1:
+                try:
+                    ended(batch[0], await readpath.warm(batch[0]))
+                except OriginError as exc:
+                    ended(batch[0], exc)
+            else:
+                for obj, got in zip(batch, await readpath.warm_many(batch), strict=True):
+                    ended(obj, got)
             report()
 
     async with trio.open_nursery() as nursery:

@@ -162,6 +162,11 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "bytes fetched but not kept (no room)",
     ),
     ("readpath", "warm_bytes"): ("airfs_cache_warm_bytes_total", "counter", "bytes warmed"),
+    ("readpath", "warm_batches"): (
+        "airfs_cache_warm_batches_total",
+        "counter",
+        "worker-thread jobs that fetched a batch of small files of a warm",
+    ),
     ("readpath", "adopted_bytes"): (
         "airfs_cache_adopted_bytes_total",
         "counter",

@@ -163,11 +163,14 @@ class AsyncOrigin:
         fast: bool = False,
         attempts: int | None = None,
         marks_down: bool | None = None,
+        count: int = 1,
     ) -> T:
         """Run ``fn(*args)`` in a worker thread, retrying transient errors (see the module
         docstring for ``fast`` and ``abandon``). ``marks_down``: whether a last transient
         failure makes the origin "down" for ``fast`` calls (default: ``abandon``, as reads
-        decide it and a failing upload alone does not)."""
+        decide it and a failing upload alone does not). ``count``: the origin requests the
+        job makes, one after another (a batch): counted as that many calls of ``op``, each
+        taking its share of the job's time in the latency histogram."""
         down = abandon if marks_down is None else marks_down
         tries = self.attempts if attempts is None else attempts
         delay: float = self.base_delay
@@ -180,7 +183,7 @@ class AsyncOrigin:
             probe = fast and abandon and outage
             if probe:  # the one probe of this period: the others keep failing at once
                 self._mark_down(self.probe_s)
-            self._calls[op] += 1
+            self._calls[op] += count
             self._in_flight += 1
             t0 = perf_counter()
             try:
@@ -215,7 +218,8 @@ class AsyncOrigin:
                 self._in_flight -= 1
                 dt = perf_counter() - t0
                 self._seconds[op] += dt
-                self._latency.observe(op, dt)
+                for _ in range(count):
+                    self._latency.observe(op, dt / count)
             await trio.sleep(random.uniform(0, delay))
             delay = min(self.max_delay, delay * 2)
         raise AssertionError("unreachable")

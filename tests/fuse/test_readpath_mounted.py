@@ -220,6 +220,7 @@ def test_warm_fills_cache(make_volume: Callable[..., Volume]) -> None:
     assert p.stdout.startswith(f"warmed {len(files)} files"), p.stdout
     before = cache_stats(v)
     assert before["warm_bytes"] >= total, before
+    assert before["warm_batches"] == 2, before  # 8 + 4 small files: two worker-thread jobs
     for rel, data in files.items():
         assert (v.root / rel).read_bytes() == data
     after = cache_stats(v)
