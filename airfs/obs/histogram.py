@@ -125,13 +125,13 @@ class Latencies:
         #: seconds (one list, so an observation touches one object)
         self._counts: dict[str, list[float]] = {}
 
-    def observe(self, op: str, seconds: float) -> None:
-        """Count one ``op`` that took ``seconds``."""
+    def observe(self, op: str, seconds: float, n: int = 1) -> None:
+        """Count ``n`` ``op``s that took ``seconds`` each."""
         counts = self._counts.get(op)
         if counts is None:
             counts = self._counts[op] = [0] * (len(self.bounds) + 1) + [0.0]
-        counts[bisect_left(self.bounds, seconds)] += 1
-        counts[-1] += seconds
+        counts[bisect_left(self.bounds, seconds)] += n
+        counts[-1] += seconds * n
 
     def snapshot(self) -> dict[str, LatencyHistogram]:
         """A frozen record per operation observed at least once."""

@@ -218,8 +218,7 @@ class AsyncOrigin:
                 self._in_flight -= 1
                 dt = perf_counter() - t0
                 self._seconds[op] += dt
-                for _ in range(count):
-                    self._latency.observe(op, dt / count)
+                self._latency.observe(op, dt / count, count)
             await trio.sleep(random.uniform(0, delay))
             delay = min(self.max_delay, delay * 2)
         raise AssertionError("unreachable")
