@@ -506,6 +506,8 @@ class CachedReadPath:
             direct_write_bytes=self._fetcher.direct_write_bytes,
             kept_bytes=self._fetcher.held_bytes,
             kept_hit_bytes=s.kept_hit_bytes,
+            part_buffers_leased=self._fetcher.buffers.leased,
+            part_buffers_mapped=self._fetcher.buffers.made,
             fetched_at_lookup=s.fetched_at_lookup,
         )
 

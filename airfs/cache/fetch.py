@@ -42,6 +42,7 @@ import trio
 
 from ..origin.aio import AsyncOrigin
 from ..origin.base import Conflict, OriginError
+from .buffers import PartBuffers
 from .direct import DirectWriter
 from .files import punches_done
 from .objects import ObjectTable
@@ -69,6 +70,9 @@ INLINE_WRITE_MAX = 1 << 20
 #: Bounce buffers of the parts' ``O_DIRECT`` writes (of ``part_size`` each; write jobs beyond
 #: this many wait for one)
 DIRECT_BUFFERS = 8
+
+#: Idle part buffers (:class:`~airfs.cache.buffers.PartBuffers`) are unmapped after this long
+BUFFERS_IDLE_S = 10.0
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +175,7 @@ class Fetcher:
         self.budget = ByteBudget(inflight_budget)
         self._parallel = trio.CapacityLimiter(max_parallel)
         self._direct = DirectWriter(part_size, DIRECT_BUFFERS)
+        self.buffers = PartBuffers(part_size, max(1, inflight_budget // part_size))
         self._held_max = inflight_budget // 2
         self.held_bytes = 0
         self._held: dict[int, Part] = {}  # id -> part kept (a few dozen at most)
@@ -181,7 +186,9 @@ class Fetcher:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             task_status.started()
-            await trio.sleep_forever()
+            while True:  # give back the memory of part buffers no longer needed
+                await trio.sleep(BUFFERS_IDLE_S / 2)
+                self.buffers.trim(BUFFERS_IDLE_S)
 
     def spawn(self, fn: Callable[..., Awaitable[object]], *args: object) -> None:
         """Run ``fn(*args)`` in the background with the parts (cancelled with them)."""
@@ -441,12 +448,20 @@ class Fetcher:
         ``size`` bytes) whose descriptor is returned. The checksums are None when the bytes
         are not to be stored (neither ``fd`` nor ``create``, or the write failed)."""
         sync = self._origin.sync
-        # a view of the client's buffer where the origin has one: no copy into a bytes
-        data: bytes | memoryview = (
-            sync.read_range_buffer(path, start, n, version)  # type: ignore[attr-defined]
-            if sync.capabilities.buffer_reads
-            else sync.read_range(path, start, n, version)
-        )
+        caps = sync.capabilities
+        data: bytes | memoryview
+        if caps.into_reads and not create and INLINE_WRITE_MAX < n <= self.buffers.size:
+            # a big part: into a reused, page-aligned buffer (no new pages, no bounce copy)
+            buf = self.buffers.lease(n)
+            got = sync.read_range_into(path, start, buf, version)  # type: ignore[attr-defined]
+            data = buf.toreadonly()
+            del buf
+            if got != n:
+                raise Conflict(f"{path}: origin returned {got} of {n} bytes at {start}")
+        elif caps.buffer_reads:  # a view of the client's buffer: no copy into a bytes
+            data = sync.read_range_buffer(path, start, n, version)  # type: ignore[attr-defined]
+        else:
+            data = sync.read_range(path, start, n, version)
         if len(data) != n:
             raise Conflict(f"{path}: origin returned {len(data)} of {n} bytes at {start}")
         return self._store_job(data, path, start, fd, create, size, store)

@@ -106,7 +106,9 @@ class CacheStatistics:
     Cold sequential reads (:mod:`airfs.cache.direct`): ``direct_write_bytes`` (parts written
     into cache files bypassing the page cache), ``kept_bytes`` (now: stored prefetched parts
     whose buffers are kept for their reader, within ``inflight_bytes``), ``kept_hit_bytes``
-    (served from those buffers, also counted in ``hit_bytes``).
+    (served from those buffers, also counted in ``hit_bytes``); ``part_buffers_leased``
+    (parts read into a reused page-aligned buffer, :mod:`airfs.cache.buffers`),
+    ``part_buffers_mapped`` (such buffers mapped: a pool that works maps few).
 
     Cold small files: ``fetched_at_lookup`` (files read whole by the request that revalidated
     their name, stored without a second origin read: ``ReadPath.store_fetched``).
@@ -151,6 +153,8 @@ class CacheStatistics:
     direct_write_bytes: int = 0
     kept_bytes: int = 0
     kept_hit_bytes: int = 0
+    part_buffers_leased: int = 0
+    part_buffers_mapped: int = 0
     fetched_at_lookup: int = 0
     kind: Literal["cached"] = "cached"
 

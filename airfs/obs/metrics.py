@@ -187,6 +187,16 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "counter",
         "bytes served from buffers kept for their reader",
     ),
+    ("readpath", "part_buffers_leased"): (
+        "airfs_cache_part_buffers_leased_total",
+        "counter",
+        "fetched parts read into a reused page-aligned buffer",
+    ),
+    ("readpath", "part_buffers_mapped"): (
+        "airfs_cache_part_buffers_mapped_total",
+        "counter",
+        "page-aligned part buffers mapped (new memory)",
+    ),
     ("readpath", "fetched_at_lookup"): (
         "airfs_cache_fetched_at_lookup_total",
         "counter",

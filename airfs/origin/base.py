@@ -221,6 +221,10 @@ class Capabilities:
     * ``buffer_reads``: ``read_range_buffer(path, offset, size, version)`` returns what
       ``read_range`` would, as a read-only buffer (``memoryview``) over the client's own
       memory, without copying it into a ``bytes`` (the block cache's fetches use it);
+    * ``into_reads``: ``read_range_into(path, offset, buf, version)`` reads what
+      ``read_range(path, offset, len(buf), version)`` would into the writable buffer ``buf``
+      and returns how many bytes it read (the same errors): a big fetch lands in memory the
+      cache reuses (:mod:`airfs.cache.buffers`) instead of a new buffer of the client's;
     * ``whole_reads``: ``read_small(path, most)`` returns a file's current entry and, when it
       has at most ``most`` bytes, its whole content (a read-only buffer), in one request
       (S3: one GET, whose answer carries what a HEAD's would): a cold small file is checked
@@ -245,6 +249,7 @@ class Capabilities:
     link_copies: bool = False
     special_files: bool = False
     buffer_reads: bool = False
+    into_reads: bool = False
     whole_reads: bool = False
     bare_lists: bool = False
 

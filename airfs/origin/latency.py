@@ -98,19 +98,34 @@ class LatencyOrigin:
         return list(self.inner.list(path))
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
+        self._start_read()
+        data = self.inner.read_range(path, offset, size, version)
+        self._end_read(len(data))
+        return data
+
+    def read_range_into(
+        self, path: str, offset: int, buf: memoryview, version: str | None = None
+    ) -> int:
+        """See ``Capabilities.into_reads`` (passed on from the inner origin): the delays of
+        :meth:`read_range`."""
+        self._start_read()
+        n: int = self.inner.read_range_into(path, offset, buf, version)  # type: ignore[attr-defined]
+        self._end_read(n)
+        return n
+
+    def _start_read(self) -> None:
         if self.request_bytes is None:
             self._request("read_range")
-            data = self.inner.read_range(path, offset, size, version)
         else:  # the requests of one pread, in a row: the first byte waits for the first one
             with self._lock:
                 self.calls["read_range"] += 1
-            data = self.inner.read_range(path, offset, size, version)
-            if self.latency_s:
-                time.sleep(self.latency_s * max(1, -(-len(data) // self.request_bytes)))
-        self._transfer(len(data))
+
+    def _end_read(self, n: int) -> None:
+        if self.request_bytes is not None and self.latency_s:
+            time.sleep(self.latency_s * max(1, -(-n // self.request_bytes)))
+        self._transfer(n)
         with self._lock:
-            self.bytes_read += len(data)
-        return data
+            self.bytes_read += n
 
     def readlink(self, path: str) -> str:
         self._request("readlink")
@@ -141,7 +156,10 @@ class LatencyOrigin:
     @property
     def capabilities(self) -> Capabilities:
         return dataclasses.replace(
-            self.inner.capabilities, buffer_reads=False, whole_reads=False, bare_lists=False
+            self.inner.capabilities,
+            buffer_reads=False,
+            whole_reads=False,
+            bare_lists=False,
         )
 
     def check_name(self, path: str) -> None:

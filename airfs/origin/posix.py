@@ -70,6 +70,7 @@ class PosixOrigin:
         atimes=True,
         hard_links=True,
         special_files=True,
+        into_reads=True,
     )
 
     def check_name(self, path: str) -> None:
@@ -151,6 +152,12 @@ class PosixOrigin:
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         return self._pins.read_range(path, offset, size, version)
+
+    def read_range_into(
+        self, path: str, offset: int, buf: memoryview, version: str | None = None
+    ) -> int:
+        """See ``Capabilities.into_reads``."""
+        return self._pins.read_range_into(path, offset, buf, version)
 
     def readlink(self, path: str) -> str:
         try:

@@ -7,11 +7,14 @@ import contextlib
 import os
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 from .base import Conflict, IsADir, from_oserror
 from .beneath import open_beneath
 from .posix_entry import version_of
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -77,6 +80,14 @@ class Pins:
     def read_range(self, path: str, offset: int, size: int, version: str | None) -> bytes:
         """``size`` bytes at ``offset`` of ``version`` of ``path``: from its pinned file when
         it is pinned, else from the path (checked to be ``version``)."""
+        return self._read(path, version, lambda fd: os.pread(fd, size, offset))
+
+    def read_range_into(self, path: str, offset: int, buf: memoryview, version: str | None) -> int:
+        """:meth:`read_range` of ``len(buf)`` bytes into ``buf``; how many were read."""
+        return self._read(path, version, lambda fd: pread_into(fd, buf, offset))
+
+    def _read(self, path: str, version: str | None, read: Callable[[int], T]) -> T:
+        """``read(fd)`` of ``version`` of ``path`` (its pinned file when it is pinned)."""
         if version is not None:
             with self._lock:
                 ent = self._pins.get((path, version))
@@ -84,14 +95,14 @@ class Pins:
                     ent[1] += 1
             if ent is not None:
                 try:
-                    return os.pread(ent[0], size, offset)
+                    return read(ent[0])
                 except OSError as exc:
                     raise from_oserror(exc, path) from None
                 finally:
                     self.unpin(path, version)
         with open_file(self.dir_fd, path, version) as fd:
             try:
-                return os.pread(fd, size, offset)
+                return read(fd)
             except OSError as exc:
                 raise from_oserror(exc, path) from None
 
@@ -101,3 +112,15 @@ class Pins:
             for fd, _refs in self._pins.values():
                 os.close(fd)
             self._pins.clear()
+
+
+def pread_into(fd: int, buf: memoryview, offset: int) -> int:
+    """Read ``len(buf)`` bytes at ``offset`` of ``fd`` into ``buf`` (fewer only at the end of
+    the file); how many."""
+    pos, size = 0, len(buf)
+    while pos < size:
+        n = os.preadv(fd, [buf[pos:]], offset + pos)
+        if n == 0:
+            break
+        pos += n
+    return pos

@@ -109,9 +109,7 @@ class MemoryOrigin:
             e = self._seen[path] = self._entry(path, self._get(path))
             return e
 
-    def list(
-        self, path: str, *, attrs: bool = True, heads_max: int | None = None
-    ) -> list[Entry]:
+    def list(self, path: str, *, attrs: bool = True, heads_max: int | None = None) -> list[Entry]:
         """One level. ``attrs``/``heads_max`` as S3's (``Capabilities.bare_lists``, given by
         :meth:`with_bare_lists`): an entry asked before (``stat``, an asked listing) and not
         changed since comes with its attributes; a listing asks the others' attributes
@@ -183,9 +181,7 @@ class MemoryOrigin:
     ) -> Entry:
         with open(source, "rb") as f:
             data = f.read()
-        return self.put_bytes(
-            path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
-        )
+        return self.put_bytes(path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid)
 
     def put_bytes(
         self,
@@ -365,7 +361,11 @@ class FaultyOrigin:
     def __getattr__(self, name: str) -> object:
         if name == "capabilities":  # reads it cannot fault are not passed on
             return dataclasses.replace(
-                self.inner.capabilities, buffer_reads=False, whole_reads=False, bare_lists=False
+                self.inner.capabilities,
+                buffer_reads=False,
+                into_reads=False,
+                whole_reads=False,
+                bare_lists=False,
             )
         target = getattr(self.inner, name)
         if not callable(target):
@@ -411,6 +411,12 @@ class Recording:
         finally:
             with self._lock:
                 self.running -= 1
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The inner origin's, less the reads that would not be recorded."""
+        caps: Capabilities = self.inner.capabilities
+        return dataclasses.replace(caps, buffer_reads=False, into_reads=False)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)

@@ -65,6 +65,13 @@ class PerRequestOrigin(LatencyOrigin):
         time.sleep(self.per_request * max(1, -(-len(data) // self.request)))
         return data
 
+    def read_range_into(self, path: str, offset: int, buf: Any, version: str | None = None) -> int:
+        """The same delays for a read into a buffer (the cache's big parts, where the
+        checkout's origins have ``into_reads``)."""
+        n: int = super().read_range_into(path, offset, buf, version)  # type: ignore[misc]
+        time.sleep(self.per_request * max(1, -(-n // self.request)))
+        return n
+
 
 def daemon_cpu_s(pid: int) -> float:
     """User + system CPU seconds of process ``pid`` (all its threads), from ``/proc``."""

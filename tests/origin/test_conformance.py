@@ -189,6 +189,31 @@ def test_read_range_buffer_is_read_range_without_the_copy(case: Case, origin: Or
         origin.read_range_buffer("missing", 0, 10)  # type: ignore[attr-defined]
 
 
+def test_read_range_into_is_read_range_into_a_given_buffer(case: Case, origin: Origin) -> None:
+    """``Capabilities.into_reads``: the bytes and errors of ``read_range``, written into the
+    caller's buffer (a reused, page-aligned one: no new pages per part); the count is short
+    only at the end of the object, and what lies past it is left as it was."""
+    if not origin.capabilities.into_reads:
+        pytest.skip(f"{case.name}: no reads into a buffer")
+    data = os.urandom(3 * 1024 * 1024 + 17)  # several chunks of the client's
+    v1 = case.put_bytes("i.bin", data).version
+    buf = bytearray(b"\xee" * (len(data) + 100))
+    view = memoryview(buf)
+    into = origin.read_range_into  # type: ignore[attr-defined]
+    assert into("i.bin", 0, view[: len(data)], v1) == len(data)
+    assert bytes(buf[: len(data)]) == data
+    assert into("i.bin", 1000, view[:500], v1) == 500 and bytes(buf[:500]) == data[1000:1500]
+    assert into("i.bin", len(data) - 10, view, v1) == 10  # short at the end
+    assert bytes(buf[:10]) == data[-10:] and buf[10] == data[1010]  # past the count: as it was
+    assert into("i.bin", len(data) + 5, view[:9], v1) == 0
+    assert into("i.bin", 7, view[:0], v1) == 0
+    case.put_bytes("i.bin", b"two" * 50)
+    with pytest.raises(Conflict):
+        into("i.bin", 0, view[:10], v1)
+    with pytest.raises(NotFound):
+        into("missing", 0, view[:10])
+
+
 def test_read_small_is_stat_and_read_in_one_request(case: Case, origin: Origin) -> None:
     """``Capabilities.whole_reads``: the entry ``stat`` gives and, up to ``most`` bytes, the
     whole content, as a read-only buffer; a bigger file gives its entry only; a missing

@@ -93,3 +93,18 @@ def test_request_size_splits_a_read_into_requests_in_a_row(tmp_path) -> None:  #
     assert lo.calls["read_range"] == 2
     with pytest.raises(ValueError, match="request_bytes"):
         LatencyOrigin(PosixOrigin(str(tmp_path)), latency_s=0.01, request_bytes=0)
+
+
+def test_reads_into_a_buffer_take_the_same_time(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``into_reads`` is passed on from the inner origin, with the delays of ``read_range``
+    (a cache that reads its big parts into its own buffers is slowed as much)."""
+    (tmp_path / "f").write_bytes(b"q" * (512 << 10))
+    lo = LatencyOrigin(PosixOrigin(str(tmp_path)), latency_s=0.03, request_bytes=128 << 10)
+    assert lo.capabilities.into_reads
+    assert not LatencyOrigin(MemoryOrigin(), latency_s=0.01).capabilities.into_reads
+    buf = bytearray(600 << 10)
+    t = time.monotonic()
+    assert lo.read_range_into("f", 0, memoryview(buf)) == 512 << 10  # 4 requests of 128 KiB
+    took = time.monotonic() - t
+    assert bytes(buf[: 512 << 10]) == b"q" * (512 << 10) and 0.12 <= took < 0.5
+    assert lo.calls["read_range"] == 1 and lo.bytes_read == 512 << 10

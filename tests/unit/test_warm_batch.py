@@ -65,7 +65,9 @@ class FailOnce:
 
     def __init__(self, inner: Any, paths: set[str]) -> None:
         self.inner, self.url, self.paths = inner, inner.url, set(paths)
-        self.capabilities = dataclasses.replace(inner.capabilities, buffer_reads=False)
+        self.capabilities = dataclasses.replace(
+            inner.capabilities, buffer_reads=False, into_reads=False
+        )
 
     def read_range(self, path: str, offset: int, size: int, version: str | None = None) -> bytes:
         if path in self.paths:

@@ -283,6 +283,7 @@ class S3Origin:
             owners=True,
             link_copies=True,
             buffer_reads=True,
+            into_reads=True,
             whole_reads=True,
             bare_lists=True,
         )
@@ -330,6 +331,12 @@ class S3Origin:
     ) -> memoryview:
         """See ``Capabilities.buffer_reads``."""
         return self.reads.read_range_buffer(path, offset, size, version)
+
+    def read_range_into(
+        self, path: str, offset: int, buf: memoryview, version: str | None = None
+    ) -> int:
+        """See ``Capabilities.into_reads``."""
+        return self.reads.read_range_into(path, offset, buf, version)
 
     def read_small(self, path: str, most: int) -> tuple[Entry, memoryview | None]:
         """See ``Capabilities.whole_reads``."""

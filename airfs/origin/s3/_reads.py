@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import obstore
 
 if TYPE_CHECKING:
-    from obstore import GetOptions
+    from obstore import GetOptions, GetResult
 
 from ..base import Conflict, Entry, FsStats, IsADir, NotADir, NotFound, NotSupported, split
 from ._config import LIST_HEADS, PROBE_PREFIX
@@ -148,34 +148,76 @@ class Reads:
         self, path: str, offset: int, size: int, version: str | None = None
     ) -> memoryview:
         """:meth:`read_range`'s bytes as a view of the response body (no copy)."""
-        where = self.c.where(path)
         if size <= 0:
             self._check_version(path, version)
             return memoryview(b"")
+        res = self._get_range(path, offset, size, version)
+        if res is None:
+            return memoryview(b"")
+        try:
+            return memoryview(res.bytes())
+        except Exception as exc:
+            raise self._failed(exc, path, version) from None
+
+    def read_range_into(
+        self, path: str, offset: int, buf: memoryview, version: str | None = None
+    ) -> int:
+        """:meth:`read_range` of ``len(buf)`` bytes into the writable ``buf``, as the response
+        body arrives (its chunks copied in; no buffer of the whole range); the number of
+        bytes read (short only at the end of the object). Raises :class:`Conflict` when the
+        server sends more than asked."""
+        size = len(buf)
+        if size <= 0:
+            self._check_version(path, version)
+            return 0
+        res = self._get_range(path, offset, size, version)
+        if res is None:
+            return 0
+        pos = 0
+        try:
+            for chunk in res.stream(min_chunk_size=0):  # the client's chunks, as they come
+                n = len(chunk)
+                if pos + n > size:
+                    raise Conflict(f"{self.c.where(path)}: more than {size} bytes sent")
+                buf[pos : pos + n] = chunk
+                pos += n
+        except Conflict:
+            raise
+        except Exception as exc:
+            raise self._failed(exc, path, version) from None
+        return pos
+
+    def _get_range(
+        self, path: str, offset: int, size: int, version: str | None
+    ) -> GetResult | None:
+        """The GET of ``size`` bytes at ``offset`` (its body not read yet), or None when
+        ``offset`` is at or past the end of the object (still of ``version``)."""
         options: GetOptions = {"range": (offset, offset + size)}
         if version is not None:
             options["if_match"] = version
         try:
             res = obstore.get(self.c.store, path, options=options)
-            if version is not None and res.meta.get("e_tag") != version:
-                raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
-            if offset == 0:  # its answer carries the object's metadata: a listing's HEAD less
-                self.c.known.remember(path, self.c.token(res.meta), parse(res.attributes))
-            return memoryview(res.bytes())
         except Exception as exc:
             if status_of(exc) == 416:  # offset at or past the end of the object
-                past_end = True
-            else:
-                past_end = False
-                err = translate(exc, where)
-        if past_end:
-            self._check_version(path, version)
-            return memoryview(b"")
-        if isinstance(err, Conflict):
+                self._check_version(path, version)
+                return None
+            raise self._failed(exc, path, version) from None
+        if version is not None and res.meta.get("e_tag") != version:
+            where = self.c.where(path)
             raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
+        if offset == 0:  # its answer carries the object's metadata: a listing's HEAD less
+            self.c.known.remember(path, self.c.token(res.meta), parse(res.attributes))
+        return res
+
+    def _failed(self, exc: Exception, path: str, version: str | None) -> Exception:
+        """The error to raise for a failed ranged GET of ``path``."""
+        where = self.c.where(path)
+        err = translate(exc, where)
+        if isinstance(err, Conflict):
+            return Conflict(f"{where}: changed at the origin (version {version} is gone)")
         if isinstance(err, NotFound) and self.c.is_dir(path):
-            raise IsADir(f"{where}: is a directory")
-        raise err
+            return IsADir(f"{where}: is a directory")
+        return err
 
     def read_small(self, path: str, most: int) -> tuple[Entry, memoryview | None]:
         """One GET of ``path``: its entry as a HEAD would give it (remembered for listings)
