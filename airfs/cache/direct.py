@@ -85,14 +85,8 @@ def copy_released(dst: mmap.mmap, src: bytes | memoryview, n: int) -> None:
     waits for)."""
     if n > len(dst) or n > memoryview(src).nbytes:
         raise ValueError("copy larger than a buffer")
-    view = _PyBuffer()
-    if _get_buffer(src, ctypes.byref(view), _PyBUF_SIMPLE) != 0:  # pragma: no cover
-        raise BufferError("not a contiguous buffer")
-    try:
-        dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(dst))
-        ctypes.memmove(dst_addr, view.buf, n)
-    finally:
-        _release_buffer(ctypes.byref(view))
+    dst_addr = ctypes.addressof(ctypes.c_char.from_buffer(dst))
+    ctypes.memmove(dst_addr, address_of(src), n)  # src is held by the caller: still there
 
 
 class DirectWriter:
@@ -118,10 +112,15 @@ class DirectWriter:
             self._made += 1
         return mmap.mmap(-1, self.max_size)  # page-aligned, recycled: touched once
 
-    def _give(self, buf: mmap.mmap, written: int) -> None:
+    def _give(self, buf: mmap.mmap | None, written: int) -> None:
+        """Count ``written`` bytes; give back the bounce buffer ``buf`` (None: the caller's
+        own aligned buffer was written as it is)."""
         with self._cond:
-            self._free.append(buf)
             self.direct_bytes += written
+            if buf is None:
+                self.unbounced_bytes += written
+                return
+            self._free.append(buf)
             self._cond.notify()
 
     def write(self, fd: int, data: bytes | memoryview, offset: int) -> None:
@@ -141,28 +140,17 @@ class DirectWriter:
             self.enabled = False
             write_all(fd, data, offset)
             return
-        if address_of(data) % ALIGN == 0:  # a pool buffer (airfs.cache.buffers): as it is
-            done = 0
-            try:
-                mv = memoryview(data)[:head]
-                while done < head:
-                    done += os.pwrite(dfd, mv[done:], offset + done)
-            finally:
-                os.close(dfd)
-                with self._cond:
-                    self.direct_bytes += done
-                    self.unbounced_bytes += done
-        else:
-            buf = self._take()
-            done = 0
-            try:
+        aligned = address_of(data) % ALIGN == 0  # a pool buffer (airfs.cache.buffers)
+        buf = None if aligned else self._take()
+        done = 0
+        try:
+            if buf is not None:
                 copy_released(buf, data, head)
-                mv = memoryview(buf)[:head]
+            with memoryview(data if buf is None else buf)[:head] as mv:
                 while done < head:
                     done += os.pwrite(dfd, mv[done:], offset + done)
-                mv.release()
-            finally:
-                os.close(dfd)
-                self._give(buf, done)
+        finally:
+            os.close(dfd)
+            self._give(buf, done)
         if n > head:
             write_all(fd, memoryview(data)[head:], offset + head)

@@ -198,10 +198,12 @@ class Reads:
         try:
             res = obstore.get(self.c.store, path, options=options)
         except Exception as exc:
-            if status_of(exc) == 416:  # offset at or past the end of the object
-                self._check_version(path, version)
-                return None
-            raise self._failed(exc, path, version) from None
+            if status_of(exc) != 416:  # 416: offset at or past the end of the object
+                raise self._failed(exc, path, version) from None
+            res = None
+        if res is None:
+            self._check_version(path, version)
+            return None
         if version is not None and res.meta.get("e_tag") != version:
             where = self.c.where(path)
             raise Conflict(f"{where}: changed at the origin (version {version} is gone)")
