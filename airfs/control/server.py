@@ -43,6 +43,23 @@ log = logging.getLogger(__name__)
 Progress = Callable[[dict[str, Any]], None]
 
 
+#: how long a refused connection's unread bytes are read and dropped before it is closed
+LINGER_S = 2.0
+
+
+async def _linger(stream: trio.SocketStream) -> None:
+    """Close a connection whose request was refused unread (a line over ``MAX_LINE``) without
+    losing the reply: end the reply with a write shutdown, then read and drop what the client
+    is still sending until it closes, for at most :data:`LINGER_S` seconds. A Unix socket
+    closed with unread bytes in its queue makes the peer's ``recv`` fail with ECONNRESET
+    (Linux 6.18 does so even while the reply is still queued), so the error would be lost."""
+    with contextlib.suppress(OSError):
+        stream.socket.shutdown(trio.socket.SHUT_WR)
+    with trio.move_on_after(LINGER_S):
+        while await stream.receive_some(1 << 16):
+            pass
+
+
 class Controlled(Protocol):
     """What the daemon offers the control socket. ``caller`` is already authorised for the
     paths given; operations that walk a tree (``warm``) must apply the same rules below."""
@@ -193,7 +210,8 @@ class ControlServer:
 
     async def _read_line(self, stream: trio.SocketStream) -> bytes | None:
         """The request line; None when the client left or idled; :class:`BadMessage` when it
-        runs past :data:`~airfs.control.protocol.MAX_LINE` (nothing more is read)."""
+        runs past :data:`~airfs.control.protocol.MAX_LINE` (nothing more is parsed: the rest is
+        dropped by :func:`_linger` after the reply)."""
         buf = bytearray()
         with trio.move_on_after(self.idle_timeout):
             while b"\n" not in buf:
@@ -235,6 +253,7 @@ class ControlServer:
                 await stream.send_all(
                     encode({"ok": False, "error": f"bad request: {exc}", "errno": exc.errno})
                 )
+                await _linger(stream)
             return
         send_lock = trio.Lock()
         pending: list[bytes] = []

@@ -4,7 +4,9 @@ server's dispatch (run on trio with a fake daemon and callers of every kind)."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import socket
 import stat
@@ -398,3 +400,45 @@ def test_a_client_that_left_before_the_reply_is_not_a_daemon_error(
         trio.run(main)
     assert not [r for r in caplog.records if r.levelname == "ERROR"], caplog.text
     assert "the client left before the reply" in caplog.text
+
+
+def test_a_line_too_long_is_refused_and_the_reply_reaches_the_client() -> None:
+    """The server stops reading past ``MAX_LINE`` while the client is still sending; closing
+    with those bytes unread made the client's ``recv`` fail with ECONNRESET on this kernel
+    before it read the queued reply (seen in CI; a few times in a hundred here). The reply
+    must arrive, every time."""
+    import threading
+
+    from airfs.control.protocol import MAX_LINE
+
+    def client(sock: socket.socket, out: list[bytes]) -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            sock.sendall(b" " * (MAX_LINE + (1 << 20)) + b"\n")
+        got = b""
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except ConnectionResetError as exc:
+            got = repr(exc).encode()
+        sock.close()
+        out.append(got)
+
+    async def one(server: ControlServer) -> bytes:
+        a, b = socket.socketpair(socket.AF_UNIX)
+        out: list[bytes] = []
+        t = threading.Thread(target=client, args=(a, out))
+        t.start()
+        async with trio.SocketStream(trio.socket.from_stdlib_socket(b)) as theirs:
+            await server._serve_one(theirs, ALICE)
+        await trio.to_thread.run_sync(t.join)
+        return out[0]
+
+    async def main() -> list[bytes]:
+        server = ControlServer(FakeDaemon(), "/unused", owner_uid=0)
+        return [await one(server) for _ in range(100)]
+
+    for got in trio.run(main):
+        assert got.endswith(b"\n"), got[:200]
+        reply = json.loads(got)
+        assert reply["errno"] == errno.EMSGSIZE, reply
+        assert f"longer than {MAX_LINE} bytes" in reply["error"]
