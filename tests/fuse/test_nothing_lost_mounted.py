@@ -229,7 +229,7 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
     try:
         # no staging floor: the disk itself runs full (the floor is the next test's)
         m = mount(
-            str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "1M",
+            str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "8M",
             "--staging-min-free", "0",
         )  # fmt: skip
         m.expect_errors(r"\[Errno 28\]")
