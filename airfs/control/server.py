@@ -48,11 +48,13 @@ LINGER_S = 2.0
 
 
 async def _linger(stream: trio.SocketStream) -> None:
-    """Close a connection whose request was refused unread (a line over ``MAX_LINE``) without
+    """Close a connection whose request line was refused (:class:`BadMessage`) without
     losing the reply: end the reply with a write shutdown, then read and drop what the client
-    is still sending until it closes, for at most :data:`LINGER_S` seconds. A Unix socket
-    closed with unread bytes in its queue makes the peer's ``recv`` fail with ECONNRESET
-    (Linux 6.18 does so even while the reply is still queued), so the error would be lost."""
+    is still sending until it closes, for at most :data:`LINGER_S` seconds (its connection
+    slot is held that long at most). It matters for a line over ``MAX_LINE``, whose end was
+    never read: a Unix socket closed with unread bytes in its queue makes the peer's ``recv``
+    fail with ECONNRESET (Linux 6.18 does so even while the reply is still queued), so the
+    error would be lost. A client that reads to the end closes at once."""
     with contextlib.suppress(OSError):
         stream.socket.shutdown(trio.socket.SHUT_WR)
     with trio.move_on_after(LINGER_S):
