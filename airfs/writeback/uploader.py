@@ -228,7 +228,7 @@ class Uploader:
                     self.already_committed += 1
                     log.info("%s: the origin already holds these bytes", path)
                     return entry
-                if not await self._is_prior(ps, path, entry):
+                if not await self._is_prior(ps, st, path, entry):
                     raise
                 log.info("%s: the origin holds our previous version: committing over it", path)
                 self.area.rebase(ps, entry.version)
@@ -240,18 +240,28 @@ class Uploader:
         except NotFound:
             return None
 
-    async def _is_prior(self, ps: PathState, path: str, entry: Entry) -> bool:
-        for f in ps.priors:
-            try:
-                fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError:
-                continue
-            try:
+    async def _is_prior(self, ps: PathState, st: Staged, path: str, entry: Entry) -> bool:
+        """Whether origin object ``entry`` is an older version of ours that may have landed:
+        one kept from a crash (``ps.priors``), or an older version still in memory whose put
+        failed (a put can land and still report a failure: its response lost to a timeout
+        or a reset connection; a rewrite closed before the retry is then committed over it)."""
+        # each compared file is opened anew (here, on the loop, before any await): a version
+        # dropped meanwhile (its file deleted) closes its own descriptor, never ours
+        opened: list[int] = []
+        try:
+            for v in ps.versions:
+                if v is not st and v.attempts:
+                    opened.append(os.dup(v.fd))
+            for f in ps.priors:
+                with contextlib.suppress(OSError):
+                    opened.append(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
+            for fd in opened:
                 if await self._same(path, entry, fd, os.fstat(fd).st_size):
                     return True
-            finally:
+            return False
+        finally:
+            for fd in opened:
                 os.close(fd)
-        return False
 
     async def _same(self, path: str, entry: Entry, fd: int, size: int) -> bool:
         """Whether origin object ``entry`` holds exactly the ``size`` bytes of ``fd``."""

@@ -456,3 +456,27 @@ def test_rewrite_during_a_commit_cut_twice_is_not_a_conflict() -> None:
         lambda m: m.crash_in_commit("a", b"one", b"two", linked=True, again=False),
         lambda m: m.flush(),
     )
+
+
+def test_a_rewrite_after_a_landed_put_reported_failed_is_not_a_conflict() -> None:
+    """Found by the model with shorter waits: a put lands at the origin but reports a
+    transient failure (its response lost: a timeout, a reset connection), and the file is
+    rewritten and closed before the retry. The rewrite's commit, *If-Match* the version
+    before both, found our own first version at the origin and was reported a conflict (its
+    bytes moved to ``conflicts/``, ``flush`` failed): only versions kept from a crash were
+    recognised as ours, not an older version still waiting in memory."""
+    m = WriteBackModel()
+    try:
+        m.start()
+        m.write_close("a", b"zero", trunc=True)
+        m.flush()
+        cut = m.faulty.arm(linked=True)  # the next put lands, then fails
+        m.host.call(lambda b: ch.write_file(b, "a", b"one", os.O_TRUNC))
+        assert cut.reached.wait(CUT_WAIT_S)
+        m.write_close("a", b"two", trunc=True)  # closed while the first put hangs
+        cut.release.set()  # ... which now reports a transient failure
+        m.live["a"] = m.closed["a"] = b"two"
+        m.mount_shows_live_content()
+        m.flush()
+    finally:
+        m.teardown()
