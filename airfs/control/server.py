@@ -45,16 +45,20 @@ Progress = Callable[[dict[str, Any]], None]
 
 #: how long a refused connection's unread bytes are read and dropped before it is closed
 LINGER_S = 2.0
+#: refused connections lingering at once at most (past it one is closed at once: its reply
+#: may be lost to a reset, but a flood of connections over the limit holds nothing more)
+MAX_LINGERING = 64
 
 
 async def _linger(stream: trio.SocketStream) -> None:
-    """Close a connection whose request line was refused (:class:`BadMessage`) without
-    losing the reply: end the reply with a write shutdown, then read and drop what the client
-    is still sending until it closes, for at most :data:`LINGER_S` seconds (its connection
-    slot is held that long at most). It matters for a line over ``MAX_LINE``, whose end was
-    never read: a Unix socket closed with unread bytes in its queue makes the peer's ``recv``
-    fail with ECONNRESET (Linux 6.18 does so even while the reply is still queued), so the
-    error would be lost. A client that reads to the end closes at once."""
+    """Close a refused connection without losing the refusal's reply: end the reply with a
+    write shutdown, then read and drop what the client is still sending until it closes, for
+    at most :data:`LINGER_S` seconds. It matters whenever the refusal leaves request bytes
+    unread (a line over ``MAX_LINE``, whose end was never read; a request line sent by a
+    connection over its uid's limit, never read at all): a Unix socket closed with unread bytes
+    in its queue makes the peer's ``recv`` fail with ECONNRESET (Linux 6.18 does so even while
+    the reply is still queued), so the error would be lost. A client that reads to the end
+    closes at once."""
     with contextlib.suppress(OSError):
         stream.socket.shutdown(trio.socket.SHUT_WR)
     with trio.move_on_after(LINGER_S):
@@ -137,6 +141,7 @@ class ControlServer:
         self.path = path
         self.owner_uid = os.geteuid() if owner_uid is None else owner_uid
         self.limit = limit or ConnectionLimit()
+        self._lingering = 0
         self.idle_timeout = idle_timeout
         self.denials = Denials()
         self.requests: collections.Counter[str] = collections.Counter()
@@ -193,22 +198,30 @@ class ControlServer:
                 return
             if not self.limit.acquire(caller.uid):
                 self.denials.record(caller, "connect", "too many connections")
-                with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                    await stream.send_all(
-                        encode(
-                            {
-                                "ok": False,
-                                "error": f"too many connections from uid {caller.uid} "
-                                f"(at most {self.limit.per_uid})",
-                                "errno": errno.EAGAIN,
-                            }
-                        )
-                    )
+                cap = self.limit.root if caller.uid == 0 else self.limit.per_uid
+                await self._refuse(
+                    stream,
+                    f"too many connections from uid {caller.uid} (at most {cap})",
+                    errno.EAGAIN,
+                )
                 return
             try:
                 await self._serve_one(stream, caller)
             finally:
                 self.limit.release(caller.uid)
+
+    async def _refuse(self, stream: trio.SocketStream, error: str, err: int) -> None:
+        """Reply ``error`` and close: after :func:`_linger` (the reply reaches a client whose
+        request is still unread), or at once past :data:`MAX_LINGERING` refused connections
+        lingering already."""
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await stream.send_all(encode({"ok": False, "error": error, "errno": err}))
+            if self._lingering < MAX_LINGERING:
+                self._lingering += 1
+                try:
+                    await _linger(stream)
+                finally:
+                    self._lingering -= 1
 
     async def _read_line(self, stream: trio.SocketStream) -> bytes | None:
         """The request line; None when the client left or idled; :class:`BadMessage` when it
@@ -251,11 +264,7 @@ class ControlServer:
             req = decode(line)
         except BadMessage as exc:
             self._bad_request(caller, exc)
-            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
-                await stream.send_all(
-                    encode({"ok": False, "error": f"bad request: {exc}", "errno": exc.errno})
-                )
-                await _linger(stream)
+            await self._refuse(stream, f"bad request: {exc}", exc.errno)
             return
         send_lock = trio.Lock()
         pending: list[bytes] = []

@@ -442,3 +442,43 @@ def test_a_line_too_long_is_refused_and_the_reply_reaches_the_client() -> None:
         reply = json.loads(got)
         assert reply["errno"] == errno.EMSGSIZE, reply
         assert f"longer than {MAX_LINE} bytes" in reply["error"]
+
+
+def test_a_connection_over_the_limit_gets_its_refusal_even_with_its_request_unread() -> None:
+    """A client over its uid's connection limit has usually sent its request line by the time
+    the server refuses it; the refusal closed the connection with that line unread, and the
+    client's ``recv`` could fail with ECONNRESET instead of reading "too many connections"
+    (the same kernel behaviour as the over-long line above). The reply must arrive, every
+    time, and name the limit that applies to the caller (root has its own)."""
+    import threading
+
+    def client(sock: socket.socket, out: list[bytes]) -> None:
+        got = b""
+        try:
+            while chunk := sock.recv(65536):
+                got += chunk
+        except ConnectionResetError as exc:
+            got = repr(exc).encode()
+        sock.close()
+        out.append(got)
+
+    async def one(server: ControlServer) -> bytes:
+        a, b = socket.socketpair(socket.AF_UNIX)
+        a.sendall(json.dumps({"op": "status"}).encode() + b"\n")  # sent before the refusal
+        out: list[bytes] = []
+        t = threading.Thread(target=client, args=(a, out))
+        t.start()
+        await server._handle(trio.SocketStream(trio.socket.from_stdlib_socket(b)))
+        await trio.to_thread.run_sync(t.join)
+        return out[0]
+
+    async def main() -> list[bytes]:
+        limit = auth.ConnectionLimit(per_uid=0, root=0)  # every caller is over its limit
+        server = ControlServer(FakeDaemon(), "/unused", owner_uid=0, limit=limit)
+        return [await one(server) for _ in range(100)]
+
+    for got in trio.run(main):
+        assert got.endswith(b"\n"), got[:200]
+        reply = json.loads(got)
+        assert reply["errno"] == errno.EAGAIN, reply
+        assert f"too many connections from uid {os.getuid()} (at most 0)" in reply["error"]
