@@ -18,6 +18,7 @@ from airfs.origin.base import (
     join,
     split,
 )
+from airfs.writeback import unsure
 
 from .attrs import Attr, kind_of_mode
 from .base import ADOPT_MAX, Core, counted
@@ -176,6 +177,8 @@ class Names:
         await self.core.settle(path)
         st = self.core.area.get(path)
         at_origin = st is None or st.base_version is not None
+        # a file never committed may still have left a put that failed after it landed
+        leftovers = list(st.ps.unsure) if st is not None and st.ps is not None else []
         if st is not None:
             self.core.area.discard(st)
         if at_origin:
@@ -184,6 +187,9 @@ class Names:
             except NotFound:
                 if st is None:
                     raise
+        elif leftovers:
+            await unsure.drop_leftover(self.core.origin, path, leftovers)
+        if at_origin or leftovers:
             self.core.listings.record(path, None)
             self.core.readpath.discard(path)
         self.core.dir_changed(path)
@@ -272,8 +278,11 @@ class Names:
                 base = st_dst.base_version
             else:
                 base = dst_entry.version if dst_entry is not None else None
+            leftovers = list(st_src.ps.unsure) if st_src and st_src.ps else []
             self.core.area.move(old, new, rebase=True, base=base)
             self.core.inodes.move(old, new)
+            # what a put of it that failed after it landed may have left at the old name
+            await unsure.drop_leftover(self.core.origin, old, leftovers)
         else:
             src_entry = await self.core.stat(old) if st_src is None else None
             if st_src is None and src_entry is None:

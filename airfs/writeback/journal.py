@@ -62,13 +62,21 @@ class Record:
     #: an older closed version kept after a crash only to recognise it at the origin (it may
     #: have landed): never committed itself (see :mod:`airfs.writeback.recovery`)
     prior: bool = False
+    #: (size, MD5) of versions of its file whose put failed and may have landed (its
+    #: ``PathState.unsure`` when recorded): recognised as ours at the origin after a crash
+    unsure: tuple[tuple[int, str], ...] = ()
 
     def encode(self) -> bytes:
-        return json.dumps(asdict(self)).encode()
+        d = asdict(self)
+        if not d["unsure"]:
+            del d["unsure"]  # as records were before it (an older daemon reads it)
+        return json.dumps(d).encode()
 
     @classmethod
     def decode(cls, raw: bytes) -> Record:
-        return cls(**json.loads(raw))
+        d = json.loads(raw)
+        d["unsure"] = tuple((int(n), str(h)) for n, h in d.get("unsure", ()))
+        return cls(**d)
 
 
 @dataclass(frozen=True, slots=True)

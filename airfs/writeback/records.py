@@ -32,6 +32,7 @@ def _record(st: Staged) -> Record:
         st.first_pending_ns,
         st.uid,
         st.gid,
+        unsure=tuple(ps.unsure),
     )
 
 
@@ -69,7 +70,18 @@ class Records:
         assert ps is not None and ps.path is not None
         seq = next(self._seq) if st.seq is None else st.seq
         first = time.time_ns() if st.seq is None else st.first_pending_ns
-        rec = Record(st.id, ps.path, ps.base, st.mode, st.mtime_ns, seq, first, st.uid, st.gid)
+        rec = Record(
+            st.id,
+            ps.path,
+            ps.base,
+            st.mode,
+            st.mtime_ns,
+            seq,
+            first,
+            st.uid,
+            st.gid,
+            unsure=tuple(ps.unsure),
+        )
         for v in drop:
             if v.seq is not None:
                 self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)

@@ -47,6 +47,7 @@ from .journal import (
     Record,
 )
 from .staging import PathState, Staged, StagingArea
+from .versions import UNSURE_MAX
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +152,7 @@ def recover(
             continue
         rec = current[-1]
         ps = PathState(path, rec.base_version)
+        ps.unsure = list(dict.fromkeys(u for r in recs for u in r.unsure))[-UNSURE_MAX:]
         for o in recs:
             if o is rec:
                 continue

@@ -329,6 +329,7 @@ class StagingArea:
         if ps is None:
             return
         ps.base = version
+        ps.unsure.clear()  # what failed before is replaced at the origin by what landed now
         i = ps.versions.index(st) if st in ps.versions else -1
         done = ps.versions[: i + 1] if not st.dirty else ps.versions[:i]
         newer = ps.versions[i + 1 :]

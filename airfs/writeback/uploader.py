@@ -12,7 +12,9 @@ update) is a success, not a conflict. Sizes, then the MD5 ETag (S3 single-part) 
 themselves, are compared. Our own half-done commit is never a conflict: before every put the
 journal is settled, so that the record on disk says *If-Match* exactly what the put says; a
 crash during the put therefore leaves either the old version (the version the record names)
-or our bytes (recognised as landed) at the origin.
+or our bytes (recognised as landed) at the origin. Nor is a version of ours whose put failed
+and still landed (a lost response), though the file was rewritten or renamed before the retry:
+such puts' fingerprints are kept until a commit lands (:mod:`airfs.writeback.unsure`).
 
 Failures: transient errors (origin down, timeouts) are retried with backoff, forever; other
 errors (permission denied...) are retried slowly and reported in ``status`` and the log; a
@@ -26,13 +28,11 @@ from __future__ import annotations
 import collections
 import contextlib
 import errno
-import hashlib
 import heapq
 import itertools
 import logging
 import os
 import random
-import re
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -44,14 +44,13 @@ import trio
 from airfs.origin.aio import AsyncOrigin
 from airfs.origin.base import Conflict, Entry, NotFound, OriginError
 
+from . import unsure
 from .staging import PathState, Staged, StagingArea, failure_message
+from .versions import UNSURE_MAX
 
 log = logging.getLogger(__name__)
 
 CommittedHook = Callable[[str, Entry, Staged], Awaitable[None]]
-_MD5_ETAG = re.compile(r'^"?([0-9a-fA-F]{32})"?$')
-#: bytes compared directly (no MD5 ETag) to tell whether a commit is already at the origin
-COMPARE_MAX = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -79,18 +78,6 @@ class WriteBackStats:
         d["failing"] = list(self.failing)
         d["conflicts"] = list(self.conflicts)
         return d
-
-
-def _md5(fd: int, size: int) -> str:
-    h = hashlib.md5(usedforsecurity=False)
-    off = 0
-    while off < size:
-        data = os.pread(fd, min(8 << 20, size - off), off)
-        if not data:
-            break
-        h.update(data)
-        off += len(data)
-    return h.hexdigest()
 
 
 class Uploader:
@@ -173,6 +160,8 @@ class Uploader:
         except Conflict as exc:
             await self._lost(st, path, exc)
         except OriginError as exc:
+            if exc.transient:
+                await self._remember_unsure(ps, st)
             self._fail(st, f"commit of {path} failed: {exc}", transient=exc.transient)
         except Exception as exc:  # a bug must not kill the uploader and strand the queue
             log.exception("commit of %s failed", path)
@@ -240,37 +229,49 @@ class Uploader:
         except NotFound:
             return None
 
+    async def _remember_unsure(self, ps: PathState, st: Staged) -> None:
+        """``st``'s put failed and may still have landed: keep its fingerprint in
+        ``ps.unsure`` (once per generation; its bytes cannot change meanwhile: it is still
+        the upload). Not for a size that could never be compared."""
+        if st.unsure_gen == st.gen:
+            return
+        if not unsure.can_compare(self.origin, st.size):
+            return
+        try:
+            digest = await trio.to_thread.run_sync(unsure.md5_of_file, st.fd, st.size)
+        except OSError as exc:
+            log.warning("%s: could not fingerprint a failed commit: %s", ps.path, exc)
+            return
+        st.unsure_gen = st.gen
+        ps.unsure.append((st.size, digest))
+        del ps.unsure[:-UNSURE_MAX]
+
     async def _is_prior(self, ps: PathState, st: Staged, path: str, entry: Entry) -> bool:
         """Whether origin object ``entry`` is an older version of ours that may have landed:
-        one kept from a crash (``ps.priors``), or an older version still in memory whose put
-        failed (a put can land and still report a failure: its response lost to a timeout
-        or a reset connection; a rewrite closed before the retry is then committed over it)."""
-        # each compared file is opened anew (here, on the loop, before any await): a version
-        # dropped meanwhile (its file deleted) closes its own descriptor, never ours
-        opened: list[int] = []
-        try:
-            for v in ps.versions:
-                if v is not st and v.attempts:
-                    opened.append(os.dup(v.fd))
-            for f in ps.priors:
-                with contextlib.suppress(OSError):
-                    opened.append(os.open(f, os.O_RDONLY | os.O_CLOEXEC))
-            for fd in opened:
+        one whose put failed since the last commit that landed (``ps.unsure``), or one kept
+        from a crash (``ps.priors``)."""
+        if await unsure.holds_one(self.origin, path, entry, ps.unsure):
+            return True
+        for f in ps.priors:
+            try:
+                fd = os.open(f, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
                 if await self._same(path, entry, fd, os.fstat(fd).st_size):
                     return True
-            return False
-        finally:
-            for fd in opened:
+            finally:
                 os.close(fd)
+        return False
 
     async def _same(self, path: str, entry: Entry, fd: int, size: int) -> bool:
         """Whether origin object ``entry`` holds exactly the ``size`` bytes of ``fd``."""
         if entry.size != size:
             return False
-        m = _MD5_ETAG.match(entry.version)
+        m = unsure.MD5_ETAG.match(entry.version)
         if self.origin.capabilities.md5_etag and m:
-            return await trio.to_thread.run_sync(_md5, fd, size) == m.group(1).lower()
-        if size > COMPARE_MAX:
+            return await trio.to_thread.run_sync(unsure.md5_of_file, fd, size) == m.group(1).lower()
+        if size > unsure.COMPARE_MAX:
             return False
         sync = self.origin.sync
 

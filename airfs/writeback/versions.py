@@ -10,7 +10,11 @@ from dataclasses import dataclass, field
 
 import trio
 
-__all__ = ["Close", "PathState", "Staged", "close_due"]
+__all__ = ["UNSURE_MAX", "Close", "PathState", "Staged", "close_due"]
+
+#: fingerprints of failed puts kept per file until a commit lands (the newest: a put that
+#: landed is replaced at the origin by the next one that lands)
+UNSURE_MAX = 64
 
 
 @dataclass(eq=False)
@@ -25,6 +29,10 @@ class PathState:
     priors: list[str] = field(default_factory=list)
     #: name operations in progress on this path at the origin: no commit starts meanwhile
     held: int = 0
+    #: (size, MD5) of versions whose put failed since the last commit that landed: a put can
+    #: land and still fail (its response lost to a timeout or a reset connection), and the
+    #: version may be rewritten or dropped before the retry; recognised as ours at the origin
+    unsure: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def live(self) -> Staged | None:
@@ -90,6 +98,8 @@ class Staged:
     #: concurrent writes that need the fork wait for the one copy and follow it
     forking: trio.Event | None = None
     forked_to: Staged | None = None
+    #: the generation whose fingerprint is in its file's ``unsure`` list (0: none)
+    unsure_gen: int = 0
 
     @property
     def path(self) -> str | None:
