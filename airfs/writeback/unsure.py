@@ -47,9 +47,11 @@ def md5_of_file(fd: int, size: int) -> str:
     return h.hexdigest()
 
 
-def can_compare(origin: AsyncOrigin, size: int) -> bool:
-    """Whether an object of ``size`` bytes can be fingerprinted at ``origin``."""
-    return size <= COMPARE_MAX or origin.capabilities.md5_etag
+def worth_keeping(size: int) -> bool:
+    """Whether a failed put of ``size`` bytes is fingerprinted: not past :data:`COMPARE_MAX`
+    (such an object could only be told apart by an MD5 ETag, which S3 gives to single-part
+    puts only, and those stop at 64 MiB by default: a multi-GB hash for nothing)."""
+    return size <= COMPARE_MAX
 
 
 async def origin_md5(origin: AsyncOrigin, path: str, entry: Entry) -> str | None:

@@ -232,10 +232,10 @@ class Uploader:
     async def _remember_unsure(self, ps: PathState, st: Staged) -> None:
         """``st``'s put failed and may still have landed: keep its fingerprint in
         ``ps.unsure`` (once per generation; its bytes cannot change meanwhile: it is still
-        the upload). Not for a size that could never be compared."""
+        the upload). Not past :data:`~airfs.writeback.unsure.COMPARE_MAX`."""
         if st.unsure_gen == st.gen:
             return
-        if not unsure.can_compare(self.origin, st.size):
+        if not unsure.worth_keeping(st.size):
             return
         try:
             digest = await trio.to_thread.run_sync(unsure.md5_of_file, st.fd, st.size)
