@@ -56,7 +56,7 @@ from .records import Records
 from .space import DiskFloor, StatVfs, default_min_free
 from .stagedio import WRITE_HOP_MIN, StagedBytes, allocated
 from .stagefiles import SPARES, Spares
-from .versions import Close, PathState, Staged, close_due
+from .versions import UNSURE_MAX, Close, PathState, Staged, close_due
 
 __all__ = ["SPARES", "WRITE_HOP_MIN", "PathState", "Staged", "StagingArea", "failure_message"]
 
@@ -129,9 +129,10 @@ class StagingArea:
         discarded); its commit replaces origin version ``base_version``."""
         st = await self._new_file(path)
         old = self.paths.get(path)
-        if old is not None:
-            self.discard_path(old)
         ps = PathState(path, base_version)
+        if old is not None:
+            ps.unsure = list(old.unsure)  # what its failed puts may have left is still there
+            self.discard_path(old)
         st.mode = mode
         st.ps = ps
         ps.versions.append(st)
@@ -281,6 +282,10 @@ class StagingArea:
         version the file moved to ``new`` now replaces. Journaled in one transaction."""
         if not old or not new:
             raise AssertionError("the root is never renamed")
+        # the origin may still hold what failed puts of the file replaced at ``new`` left:
+        # the file moved there commits over it
+        replaced = self.paths.get(new)
+        carried = list(replaced.unsure) if replaced is not None else []
         for p in self.paths.under(new):
             self.discard_path(self.paths[p])
         moved = [self.paths[p] for p in self.paths.under(old)]
@@ -294,6 +299,8 @@ class StagingArea:
             self.paths[ps.path] = ps
             if rebase and ps.path == new:
                 ps.base = base
+            if carried and ps.path == new:
+                ps.unsure = (carried + ps.unsure)[-UNSURE_MAX:]
             for v in ps.versions:
                 self.records.name(v, ps.path)
                 changed.append(v)

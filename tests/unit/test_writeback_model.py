@@ -522,10 +522,17 @@ def test_a_rewrite_after_a_landed_put_reported_failed_is_not_a_conflict() -> Non
         m.teardown()
 
 
-def _put_lands_then_fails(m: WriteBackModel, path: str, data: bytes) -> None:
-    """Write ``path`` and make its commit's put land, then fail; return once the failure is
-    known (nothing uploading)."""
-    cut = m.faulty.arm(linked=True)
+def _put_lands_then_fails(
+    m: WriteBackModel, path: str, data: bytes, *, linked: bool = True
+) -> None:
+    """Write ``path`` and make its commit's put fail, after it landed (``linked``) or before;
+    return once the failure is known (nothing uploading)."""
+
+    async def errors(b: Built) -> int:
+        return b.uploader.statistics().errors
+
+    before = m.host.call(errors)
+    cut = m.faulty.arm(linked=linked)
     m.host.call(lambda b: ch.write_file(b, path, data, os.O_TRUNC))
     m.live[path] = m.closed[path] = data
     assert cut.reached.wait(CUT_WAIT_S)
@@ -533,7 +540,7 @@ def _put_lands_then_fails(m: WriteBackModel, path: str, data: bytes) -> None:
 
     async def failed(b: Built) -> bool:
         st = b.uploader.statistics()
-        return st.uploading == 0 and st.errors > 0
+        return st.uploading == 0 and st.errors > before
 
     deadline = time.monotonic() + CUT_WAIT_S
     while not m.host.call(failed):
@@ -611,5 +618,37 @@ def test_a_name_operation_leaves_another_writers_object_alone() -> None:
         m.mem.put_bytes("a", b"another writer's")
         m.unlink("a")
         assert m.mem.read_range("a", 0, 100) == b"another writer's"
+    finally:
+        m.teardown()
+
+
+@pytest.mark.parametrize("how", ["rename", "create"])
+def test_a_file_replaced_locally_keeps_what_its_failed_put_may_have_left(how: str) -> None:
+    """Found by the model (steps shrunk): ``c``'s put lands but fails; before its retry, ``c``
+    is replaced locally, by the rename of a file never committed (which commits to ``c``
+    *If-Match* what ``c`` replaced at the origin) or by a new file created over it. The
+    replacing file's commit found ``c``'s landed bytes at the origin and took them for
+    another writer's (a conflict; the mount then showed the failed put's bytes): the
+    replaced file's fingerprints go to the file that replaces it."""
+    m = WriteBackModel()
+    try:
+        m.start()
+        m.write_close("c", b"committed", trunc=True)
+        m.flush()
+        _put_lands_then_fails(m, "c", b"landed, reported failed")
+        if how == "rename":
+            _put_lands_then_fails(m, "b", b"never committed", linked=False)
+            m.rename("b", "c")
+        else:
+
+            async def create(b: Built) -> None:
+                fh, _ = await b.fs.create(ROOT_INO, "c", 0o644, os.O_WRONLY | os.O_CREAT)
+                await b.fs.write(fh, 0, b"created over it")
+                await ch.close(b, fh)
+
+            m.host.call(create)
+            m.live["c"] = m.closed["c"] = b"created over it"
+        m.mount_shows_live_content()
+        m.flush()
     finally:
         m.teardown()
