@@ -217,7 +217,7 @@ class Uploader:
                     self.already_committed += 1
                     log.info("%s: the origin already holds these bytes", path)
                     return entry
-                if not await self._is_prior(ps, st, path, entry):
+                if not await self._is_prior(ps, path, entry):
                     raise
                 log.info("%s: the origin holds our previous version: committing over it", path)
                 self.area.rebase(ps, entry.version)
@@ -246,7 +246,7 @@ class Uploader:
         ps.unsure.append((st.size, digest))
         del ps.unsure[:-UNSURE_MAX]
 
-    async def _is_prior(self, ps: PathState, st: Staged, path: str, entry: Entry) -> bool:
+    async def _is_prior(self, ps: PathState, path: str, entry: Entry) -> bool:
         """Whether origin object ``entry`` is an older version of ours that may have landed:
         one whose put failed since the last commit that landed (``ps.unsure``), or one kept
         from a crash (``ps.priors``)."""
