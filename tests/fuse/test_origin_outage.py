@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from airfs.origin.base import NotFound
 from airfs.testing.mountfix import fuse_available, mount, teardown
 from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
 from airfs.testing.stallproxy import StallProxy
@@ -259,3 +260,73 @@ def within(fn: Callable[[], None], what: str, hang: float = 30.0) -> None:
         pytest.fail(f"{what}: still blocked after {hang} s")
     if errors:
         raise errors[0]
+
+
+@pytest.mark.parametrize("then", ["rewrite", "rename"])
+def test_a_put_that_landed_but_lost_its_answer_is_ours(
+    tmp_path: Path, seaweed: SeaweedServer, then: str
+) -> None:
+    """Through the kernel, on S3: a commit's PUT reaches the server and lands, but its answer
+    is lost (a proxy drops the server's responses: the daemon times out and retries). Before
+    the retry the file is rewritten (or a file never committed is renamed over it). The next
+    commit, *If-Match* the version before, finds our own landed bytes: it must commit over
+    them, not report a conflict (before: the newest bytes went to ``conflicts/``, ``airfs
+    flush`` failed and the mount showed the landed bytes)."""
+    if not fuse_available():
+        pytest.skip("needs /dev/fuse and fusermount3")
+    from airfs.origin.s3 import S3Origin
+
+    host, port = seaweed.endpoint.removeprefix("http://").split(":")
+    url = seaweed.url(f"lost-{os.getpid()}-{time.monotonic_ns()}")
+    view = S3Origin.from_url(url, env=seaweed.env)  # straight to the server
+    (tmp_path / "mnt").mkdir()
+    with StallProxy((host, int(port))) as proxy:
+        m = mount(
+            url,
+            tmp_path / "mnt",
+            tmp_path / "cache",
+            "--s3-endpoint",
+            proxy.endpoint,
+            "--s3-timeout",
+            "2",
+            "--ttl",
+            "60",  # nothing asks the origin again during the test but the commits
+            env=seaweed.env,
+        )
+        m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
+        try:
+            root = m.mountpoint
+            f = root / "model.ckpt"
+            f.write_bytes(b"zero" * 1000)
+            m.flush()
+            errors = m.status()["writeback"]["errors"]
+
+            proxy.lose_responses()
+            landed = os.urandom(300_000)
+            f.write_bytes(landed)
+            deadline = time.monotonic() + 60
+            while m.status()["writeback"]["errors"] == errors:  # its PUT timed out
+                assert time.monotonic() < deadline, m.status()["writeback"]
+                time.sleep(0.2)
+            e = view.stat("model.ckpt")
+            assert view.read_range("model.ckpt", 0, e.size) == landed  # ... and landed
+
+            final = os.urandom(200_000)
+            if then == "rewrite":
+                f.write_bytes(final)
+            else:
+                (root / "new.ckpt").write_bytes(final)  # never committed: no answers
+                os.rename(root / "new.ckpt", f)
+            proxy.resume()
+            m.flush(timeout=120)
+            wb = m.status()["writeback"]
+            assert wb["conflicts"] == [], wb["conflicts"]
+            e = view.stat("model.ckpt")
+            assert view.read_range("model.ckpt", 0, e.size) == final
+            assert f.read_bytes() == final
+            assert not (root / "new.ckpt").exists()
+            with pytest.raises(NotFound):
+                view.stat("new.ckpt")
+        finally:
+            teardown(m)
+            view.close()
