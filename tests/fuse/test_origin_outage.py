@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airfs.origin.base import NotFound
-from airfs.testing.mountfix import fuse_available, mount, teardown
+from airfs.testing.mountfix import Mounted, fuse_available, mount, teardown
 from airfs.testing.seaweed import SeaweedServer, find_weed, seaweed_server
 from airfs.testing.stallproxy import StallProxy
 
@@ -154,6 +154,28 @@ def test_origin_outage_and_recovery(tmp_path: Path) -> None:
             view.close()
 
 
+def mount_through(
+    proxy: StallProxy, url: str, tmp_path: Path, seaweed: SeaweedServer, *, ttl: float
+) -> Mounted:
+    """Mount ``url`` with the S3 endpoint behind ``proxy`` (2 s request timeout); its
+    timeouts are expected in the daemon's log."""
+    (tmp_path / "mnt").mkdir()
+    m = mount(
+        url,
+        tmp_path / "mnt",
+        tmp_path / "cache",
+        "--s3-endpoint",
+        proxy.endpoint,
+        "--s3-timeout",
+        "2",
+        "--ttl",
+        str(ttl),
+        env=seaweed.env,
+    )
+    m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
+    return m
+
+
 def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
     """The S3 server stalls (a proxy in front of it accepts connections and never answers):
     a new file can be created, written and closed while it does (it waited 130 s and more
@@ -163,24 +185,10 @@ def test_stalled_origin(tmp_path: Path, seaweed: SeaweedServer) -> None:
     from airfs.origin.s3 import S3Origin
 
     host, port = seaweed.endpoint.removeprefix("http://").split(":")
-    prefix = f"stalled-{os.getpid()}-{time.monotonic_ns()}"
-    url = seaweed.url(prefix)
+    url = seaweed.url(f"stalled-{os.getpid()}-{time.monotonic_ns()}")
     view = S3Origin.from_url(url, env=seaweed.env)  # straight to the server
-    (tmp_path / "mnt").mkdir()
     with StallProxy((host, int(port))) as proxy:
-        m = mount(
-            url,
-            tmp_path / "mnt",
-            tmp_path / "cache",
-            "--s3-endpoint",
-            proxy.endpoint,
-            "--s3-timeout",
-            "2",
-            "--ttl",
-            "0.3",
-            env=seaweed.env,
-        )
-        m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
+        m = mount_through(proxy, url, tmp_path, seaweed, ttl=0.3)
         try:
             root = m.mountpoint
             cached = os.urandom(MiB + 3)
@@ -279,21 +287,9 @@ def test_a_put_that_landed_but_lost_its_answer_is_ours(
     host, port = seaweed.endpoint.removeprefix("http://").split(":")
     url = seaweed.url(f"lost-{os.getpid()}-{time.monotonic_ns()}")
     view = S3Origin.from_url(url, env=seaweed.env)  # straight to the server
-    (tmp_path / "mnt").mkdir()
     with StallProxy((host, int(port))) as proxy:
-        m = mount(
-            url,
-            tmp_path / "mnt",
-            tmp_path / "cache",
-            "--s3-endpoint",
-            proxy.endpoint,
-            "--s3-timeout",
-            "2",
-            "--ttl",
-            "60",  # nothing asks the origin again during the test but the commits
-            env=seaweed.env,
-        )
-        m.expect_errors(r"did not answer in time|is down \(no answer within|is unreachable")
+        # a long TTL: nothing asks the origin again during the test but the commits
+        m = mount_through(proxy, url, tmp_path, seaweed, ttl=60)
         try:
             root = m.mountpoint
             f = root / "model.ckpt"
