@@ -10,6 +10,7 @@ import json
 import os
 import socket
 import stat
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -402,18 +403,22 @@ def test_a_client_that_left_before_the_reply_is_not_a_daemon_error(
     assert "the client left before the reply" in caplog.text
 
 
-def test_a_line_too_long_is_refused_and_the_reply_reaches_the_client() -> None:
-    """The server stops reading past ``MAX_LINE`` while the client is still sending; closing
-    with those bytes unread made the client's ``recv`` fail with ECONNRESET on this kernel
-    before it read the queued reply (seen in CI; a few times in a hundred here). The reply
-    must arrive, every time."""
+def _refusals(
+    serve: Callable[[trio.SocketStream], Awaitable[None]],
+    *,
+    queued: bytes = b"",
+    sent: bytes = b"",
+    n: int = 100,
+) -> list[dict[str, Any]]:
+    """``n`` connections through socket pairs, each served by ``serve``: the client has
+    ``queued`` in the socket before the server starts and sends ``sent`` while it runs, then
+    reads to the end (a reset is kept as its repr, which no reply parses as). The replies,
+    each checked to be one whole line."""
     import threading
-
-    from airfs.control.protocol import MAX_LINE
 
     def client(sock: socket.socket, out: list[bytes]) -> None:
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            sock.sendall(b" " * (MAX_LINE + (1 << 20)) + b"\n")
+            sock.sendall(sent)
         got = b""
         try:
             while chunk := sock.recv(65536):
@@ -423,23 +428,40 @@ def test_a_line_too_long_is_refused_and_the_reply_reaches_the_client() -> None:
         sock.close()
         out.append(got)
 
-    async def one(server: ControlServer) -> bytes:
+    async def one() -> bytes:
         a, b = socket.socketpair(socket.AF_UNIX)
+        a.sendall(queued)
         out: list[bytes] = []
         t = threading.Thread(target=client, args=(a, out))
         t.start()
         async with trio.SocketStream(trio.socket.from_stdlib_socket(b)) as theirs:
-            await server._serve_one(theirs, ALICE)
+            await serve(theirs)
         await trio.to_thread.run_sync(t.join)
         return out[0]
 
     async def main() -> list[bytes]:
-        server = ControlServer(FakeDaemon(), "/unused", owner_uid=0)
-        return [await one(server) for _ in range(100)]
+        return [await one() for _ in range(n)]
 
+    replies = []
     for got in trio.run(main):
         assert got.endswith(b"\n"), got[:200]
-        reply = json.loads(got)
+        replies.append(json.loads(got))
+    return replies
+
+
+def test_a_line_too_long_is_refused_and_the_reply_reaches_the_client() -> None:
+    """The server stops reading past ``MAX_LINE`` while the client is still sending; closing
+    with those bytes unread made the client's ``recv`` fail with ECONNRESET on this kernel
+    before it read the queued reply (seen in CI; a few times in a hundred here). The reply
+    must arrive, every time."""
+    from airfs.control.protocol import MAX_LINE
+
+    server = ControlServer(FakeDaemon(), "/unused", owner_uid=0)
+
+    async def serve(stream: trio.SocketStream) -> None:
+        await server._serve_one(stream, ALICE)
+
+    for reply in _refusals(serve, sent=b" " * (MAX_LINE + (1 << 20)) + b"\n"):
         assert reply["errno"] == errno.EMSGSIZE, reply
         assert f"longer than {MAX_LINE} bytes" in reply["error"]
 
@@ -450,35 +472,9 @@ def test_a_connection_over_the_limit_gets_its_refusal_even_with_its_request_unre
     client's ``recv`` could fail with ECONNRESET instead of reading "too many connections"
     (the same kernel behaviour as the over-long line above). The reply must arrive, every
     time, and name the limit that applies to the caller (root has its own)."""
-    import threading
-
-    def client(sock: socket.socket, out: list[bytes]) -> None:
-        got = b""
-        try:
-            while chunk := sock.recv(65536):
-                got += chunk
-        except ConnectionResetError as exc:
-            got = repr(exc).encode()
-        sock.close()
-        out.append(got)
-
-    async def one(server: ControlServer) -> bytes:
-        a, b = socket.socketpair(socket.AF_UNIX)
-        a.sendall(json.dumps({"op": "status"}).encode() + b"\n")  # sent before the refusal
-        out: list[bytes] = []
-        t = threading.Thread(target=client, args=(a, out))
-        t.start()
-        await server._handle(trio.SocketStream(trio.socket.from_stdlib_socket(b)))
-        await trio.to_thread.run_sync(t.join)
-        return out[0]
-
-    async def main() -> list[bytes]:
-        limit = auth.ConnectionLimit(per_uid=0, root=0)  # every caller is over its limit
-        server = ControlServer(FakeDaemon(), "/unused", owner_uid=0, limit=limit)
-        return [await one(server) for _ in range(100)]
-
-    for got in trio.run(main):
-        assert got.endswith(b"\n"), got[:200]
-        reply = json.loads(got)
+    limit = auth.ConnectionLimit(per_uid=0, root=0)  # every caller is over its limit
+    server = ControlServer(FakeDaemon(), "/unused", owner_uid=0, limit=limit)
+    line = json.dumps({"op": "status"}).encode() + b"\n"  # sent before the refusal
+    for reply in _refusals(server._handle, queued=line):
         assert reply["errno"] == errno.EAGAIN, reply
         assert f"too many connections from uid {os.getuid()} (at most 0)" in reply["error"]
