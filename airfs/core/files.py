@@ -110,8 +110,11 @@ class Files:
         writable = acc in (os.O_WRONLY, os.O_RDWR)
         trunc = bool(flags & os.O_TRUNC) and writable
         await self.core.check("open_write" if writable else "open_read", node.path)
+        path = node.path
+        if path is None:  # renamed over or removed while the guard decided (it may wait)
+            raise err(errno.ESTALE, f"inode {ino} was replaced")
         if not writable and not node.lock.locked():
-            fast = self._open_local(node, node.path)
+            fast = self._open_local(node, path)
             if fast is not None:
                 return fast
         async with node.lock:

@@ -253,9 +253,10 @@ class Filesystem:
                 # undoes the other's owner or mode), so it waits for it
                 await self.core.wait_upload(busy[0])
                 at_origin = not any(v.dirty for v in self.core.area.versions(cur))
-            if at_origin and node.path is not None:
+            path = node.path  # (a rename during the origin call must not record None)
+            if at_origin and path is not None:
                 entry = await self.core.origin.set_attrs(
-                    node.path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
+                    path, new_mode, mtime_ns, uid=uid, gid=gid, atime_ns=atime_ns
                 )
                 if cur is not None and cur.ps is not None and cur.ps.base is not None:
                     # our own change of the version the staged file replaces: its next
@@ -263,7 +264,7 @@ class Filesystem:
                     self.core.area.rebase(cur.ps, entry.version)
                 node.entry = entry
                 node.fetched = time.monotonic()
-                self.core.listings.record(node.path, entry)
+                self.core.listings.record(path, entry)
         if (
             node.path is None
             and node.entry is not None

@@ -5,6 +5,7 @@ older than the TTL allows is never served that way. Over a POSIX origin (one tha
 
 from __future__ import annotations
 
+import errno
 import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -13,6 +14,7 @@ from pathlib import Path
 import trio
 
 from airfs.cache import CachedReadPath
+from airfs.core.context import Caller
 from airfs.core.inodes import ROOT_INO
 from airfs.core.readpath import ReadPath
 from airfs.daemon.build import Built, build
@@ -24,7 +26,9 @@ R = os.O_RDONLY
 
 
 @asynccontextmanager
-async def core(tmp_path: Path, ttl: float) -> AsyncIterator[tuple[Built, Path]]:
+async def core(
+    tmp_path: Path, ttl: float, guard: SlowGuard | None = None
+) -> AsyncIterator[tuple[Built, Path]]:
     d = tmp_path / "origin"
     d.mkdir()
     origin = PosixOrigin(str(d))
@@ -34,11 +38,46 @@ async def core(tmp_path: Path, ttl: float) -> AsyncIterator[tuple[Built, Path]]:
 
     try:
         async with build(
-            origin, str(tmp_path / "cache"), ttl=ttl, staging_size=1 << 30, readpath=cached
+            origin,
+            str(tmp_path / "cache"),
+            ttl=ttl,
+            staging_size=1 << 30,
+            readpath=cached,
+            guard=guard,
         ) as b:
             yield b, d
     finally:
         origin.close()
+
+
+class SlowGuard:
+    """A guard that allows everything, but whose ``open_read`` check waits (as the catalog's
+    does when it reloads the catalog) until :attr:`go` is set, once :attr:`hold` is."""
+
+    def __init__(self) -> None:
+        self.hold = False
+        self.waiting = trio.Event()
+        self.go = trio.Event()
+
+    async def check(self, caller: Caller, op: str, path: str) -> None:
+        if self.hold and op == "open_read":
+            self.waiting.set()
+            await self.go.wait()
+
+    def visible(self, caller: Caller, dir_path: str, name: str) -> bool:
+        return True
+
+    def filters(self, dir_path: str) -> bool:
+        return False
+
+    def governs(self) -> bool:
+        return False
+
+    def immutable(self, path: str) -> bool:
+        return False
+
+    def storage(self, path: str) -> str:
+        return ""
 
 
 def pins(b: Built) -> int:
@@ -92,4 +131,44 @@ async def test_a_fast_open_never_serves_a_version_older_than_the_ttl(tmp_path: P
         src = await fs.passthrough_source(fh)
         assert src is not None and os.pread(src[0], 100, 0) == b"new bytes"
         assert await read_all(b, fh) == b"new bytes"
+        await fs.release(fh)
+
+
+async def test_an_open_whose_file_is_renamed_over_during_its_access_check_is_stale(
+    tmp_path: Path,
+) -> None:
+    """CI, stop 43: an open of a cached file renamed over while the guard decided (the
+    catalog reloading) took the fast way with no path: AttributeError, EIO to the reader.
+    ESTALE makes the kernel look the name up again and open the new file."""
+    guard = SlowGuard()
+    async with core(tmp_path, ttl=60, guard=guard) as (b, d):
+        fs = b.fs
+        (d / "f").write_bytes(b"old")
+        ino = (await fs.lookup(ROOT_INO, "f")).ino
+        fh, _ = await fs.open(ino, R)
+        assert await fs.passthrough_source(fh) is not None  # cached and verified
+        await fs.release(fh)
+        fw, _ = await fs.create(ROOT_INO, "f.tmp", 0o644, os.O_WRONLY | os.O_CREAT)
+        await fs.write(fw, 0, b"new")
+        await fs.release(fw)
+        guard.hold = True
+        outcome: list[BaseException | int] = []
+
+        async def opener() -> None:
+            try:
+                outcome.append((await fs.open(ino, R))[0])
+            except Exception as exc:
+                outcome.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(opener)
+            await guard.waiting.wait()
+            await fs.rename(ROOT_INO, "f.tmp", ROOT_INO, "f")
+            guard.go.set()
+        (got,) = outcome
+        assert isinstance(got, OSError) and got.errno == errno.ESTALE, repr(got)
+        guard.hold = False
+        new = (await fs.lookup(ROOT_INO, "f")).ino
+        fh, _ = await fs.open(new, R)
+        assert await read_all(b, fh) == b"new"
         await fs.release(fh)
