@@ -70,8 +70,10 @@ class Names:
             self.core.put_listing(path, listed, t0)
         merged: dict[str, DirEntry] = {e.name: DirEntry(e.name, e.kind, e, None) for e in listed}
         for st in staged:
-            assert st.path is not None
-            name = st.path.rpartition("/")[2]
+            # (unlinked, renamed over or moved out while the origin listed: not here now)
+            if st.path is None or split(st.path)[0] != path:
+                continue
+            name = split(st.path)[1]
             old = merged.get(name)
             merged[name] = DirEntry(name, Kind.FILE, old.entry if old is not None else None, st)
         per_caller = self.core.guard is not None and self.core.guard.filters(path)

@@ -154,6 +154,57 @@ async def test_getattr_sees_origin_change_after_ttl(tmp_path: Path) -> None:
         assert info.value.errno == errno.ENOENT
 
 
+async def test_a_listing_skips_a_staged_file_removed_or_moved_while_the_origin_lists(
+    tmp_path: Path,
+) -> None:
+    """A staged file unlinked (or renamed into another directory) while ``opendir`` waited
+    for the origin's listing was merged with no name: AssertionError, EIO to ``ls``."""
+    async with running_core(tmp_path) as c:
+        c.mem.mkdir("d")
+        handles = []
+        for name in ("gone", "moved", "kept"):  # open: staged, not committed yet
+            fh, _ = await c.fs.create(ROOT_INO, name, 0o644, W | os.O_CREAT)
+            await c.fs.write(fh, 0, b"x")
+            handles.append(fh)
+        d_ino = await c.ino("d")
+        real = c.fs.core.origin.list
+        started, go = trio.Event(), trio.Event()
+
+        async def slow_list(*args: Any, **kwargs: Any) -> Any:
+            started.set()
+            await go.wait()
+            return await real(*args, **kwargs)
+
+        c.fs.core.origin.list = slow_list  # type: ignore[method-assign]
+        out: list[int | BaseException] = []
+
+        async def lister() -> None:
+            try:
+                out.append(await c.fs.opendir(ROOT_INO))
+            except Exception as exc:
+                out.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lister)
+            await started.wait()
+            await c.fs.unlink(ROOT_INO, "gone")
+            await c.fs.rename(ROOT_INO, "moved", d_ino, "moved")
+            go.set()
+        (dfh,) = out
+        assert isinstance(dfh, int), repr(dfh)
+        got: list[str] = []
+
+        def emit(name: str, attr: Attr, nxt: int, known: bool) -> bool:
+            got.append(name)
+            return True
+
+        await c.fs.readdir(dfh, 0, emit)
+        c.fs.releasedir(dfh)
+        assert "gone" not in got and "moved" not in got and "kept" in got
+        for fh in handles:
+            await c.fs.release(fh)
+
+
 async def test_readdir_merges_staged_and_counts_lookups(tmp_path: Path) -> None:
     async with running_core(tmp_path) as c:
         c.mem.put_bytes("b", b"bb")
