@@ -51,6 +51,10 @@ class Files:
         entry = (
             await self.core.refresh(node) if node.entry is not None else await self.core.stat(path)
         )
+        if node.path != path:
+            # unlinked or renamed over while the origin answered: staging it now would bring
+            # it back at that name (ESTALE: the kernel looks the name up again)
+            raise err(errno.ESTALE, f"inode {node.ino} was replaced or removed")
         if entry is not None and entry.kind is not Kind.FILE:
             raise err(errno.EISDIR if entry.kind is Kind.DIR else errno.EINVAL, path)
         st = await self.core.area.create(

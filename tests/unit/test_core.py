@@ -205,6 +205,57 @@ async def test_a_listing_skips_a_staged_file_removed_or_moved_while_the_origin_l
             await c.fs.release(fh)
 
 
+async def test_an_open_for_writing_racing_an_unlink_does_not_bring_the_file_back(
+    tmp_path: Path,
+) -> None:
+    """An open for writing of a committed file whose entry is asked again (older than the
+    TTL) while the file is unlinked: the open staged it again at the removed name and its
+    commit brought the file back. Now ESTALE (the kernel looks the name up again: ENOENT)."""
+    async with running_core(tmp_path) as c:
+        c.mem.put_bytes("f", b"committed")
+        ino = await c.ino("f")
+        await trio.sleep(0.08)  # its entry is older than the TTL: the open asks again
+        origin = c.fs.core.origin
+        real = {m: getattr(origin, m) for m in ("stat", "stat_joined", "list")}
+        started, go = trio.Event(), trio.Event()
+
+        def held(call: Any) -> Any:
+            async def first_waits(*args: Any, **kwargs: Any) -> Any:
+                if not started.is_set():  # the open's question (whichever way it asks)
+                    started.set()
+                    await go.wait()
+                return await call(*args, **kwargs)
+
+            return first_waits
+
+        for m, call in real.items():
+            setattr(origin, m, held(call))
+        out: list[tuple[int, bool] | BaseException] = []
+
+        async def writer() -> None:
+            try:
+                out.append(await c.fs.open(ino, W))
+            except Exception as exc:
+                out.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await started.wait()
+            nursery.start_soon(c.fs.unlink, ROOT_INO, "f")
+            await trio.sleep(0.05)  # the unlink runs while the open waits for the origin
+            go.set()
+        (got,) = out
+        if not isinstance(got, BaseException):
+            await c.fs.release(got[0])
+        assert isinstance(got, OSError) and got.errno == errno.ESTALE, repr(got)
+        await c.flush()
+        with pytest.raises(NotFound):
+            c.mem.stat("f")
+        with pytest.raises(OSError) as info:
+            await c.fs.lookup(ROOT_INO, "f")
+        assert info.value.errno == errno.ENOENT
+
+
 async def test_readdir_merges_staged_and_counts_lookups(tmp_path: Path) -> None:
     async with running_core(tmp_path) as c:
         c.mem.put_bytes("b", b"bb")
