@@ -99,6 +99,8 @@ class DiskQueue:
         self._queued = 0  # ops ever queued
         self._applied = 0
         self._lock = trio.Lock()
+        #: one journal sync at a time, outside ``_lock`` (see :meth:`settle`)
+        self._sync_lock = trio.Lock()
         self._last_durable = 0  # number of the last journal or attribute op queued
         self.batches = 0
         self.failures = 0
@@ -151,14 +153,32 @@ class DiskQueue:
         """Return once every change queued after position ``since`` and before the call is
         on disk (with ``sync``, the journal synced too). Concurrent callers share batches
         (one transaction for all of them). ``OSError(ENOSPC)`` if the journal refused some
-        of those changes: they stay queued (see the module docstring)."""
+        of those changes: they stay queued (see the module docstring).
+
+        The sync runs after the batch, outside the queue's lock, in a worker thread of its
+        own: on ext4 an ``fsync`` of the journal waits for the data the kernel is writing
+        back meanwhile (seconds while a big file is staged), and the operations that only
+        need their changes applied (a ``close``, ``rename``, ``unlink``) must not wait for
+        it."""
+        await self._apply(since=since, sync=sync)
+        if sync:
+            async with self._sync_lock:
+                try:
+                    await trio.to_thread.run_sync(self.journal.sync)
+                except OSError as exc:
+                    self.failures += 1
+                    self.last_error = str(exc)
+                    raise
+
+    async def _apply(self, *, since: int, sync: bool) -> None:
+        """:meth:`settle` less the sync: the changes queued after ``since`` applied."""
         target = self._queued
 
         def mine() -> list[_Op]:
             return [op for op in self._ops if since < op.n <= target]
 
         async with self._lock:
-            if not mine() and not sync:
+            if not mine():
                 return
             batch, self._ops = self._ops, []
             files = [op for op in batch if op.kind in (_UNLINK, _DROP)]
@@ -179,9 +199,9 @@ class DiskQueue:
                 with trio.CancelScope(shield=True):  # the accounting below must follow it
                     kept, exc = (
                         await self.applier.run(
-                            functools.partial(apply_batch, self.journal, now, sync), small=fast
+                            functools.partial(apply_batch, self.journal, now, False), small=fast
                         )
-                        if now or sync
+                        if now
                         else ([], None)
                     )
                     applied = len(now) - len(kept)

@@ -293,6 +293,30 @@ async def test_disk_queue_applies_net_changes_in_one_batch(tmp_path: Path) -> No
     j.close()
 
 
+async def test_a_change_is_applied_while_a_journal_sync_runs(tmp_path: Path) -> None:
+    """The daemon's every-second ``settle(sync=True)``: its ``fsync`` of the journal waits,
+    on ext4, for the data the kernel writes back meanwhile (7 s while a 512 MiB file was
+    staged). An ``unlink`` or ``close`` settled behind it waited as long; now the sync runs
+    outside the queue's lock and a change queued meanwhile is applied first."""
+    j = Journal(str(tmp_path / "j"))
+    gate = Gate()
+    j.sync = gate.hold(j.sync)  # type: ignore[method-assign]
+    q = diskq.DiskQueue(j, applier.Applier("thread"))
+    q.write(puts=[_rec("a", "pa", 1)])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(lambda: q.settle(sync=True))
+        await gate.entered_thread()  # a's record applied; its sync held
+        assert [r.id for r in j.records()] == ["a"]
+        before = q.mark
+        q.write(puts=[_rec("b", "pb", 2)])
+        await q.settle(since=before)
+        gate.events.append("b applied")
+        assert [r.id for r in j.records()] == ["a", "b"]
+        gate.open()
+    assert gate.events == ["b applied", "opened by the loop", "released"]
+    j.close()
+
+
 async def test_disk_queue_keeps_what_a_full_journal_refuses(tmp_path: Path) -> None:
     """Deleting a staged file still works with the journal full (it frees the space); a
     refused record stays queued, its attribute after it, and lands once there is room."""
