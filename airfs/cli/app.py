@@ -169,6 +169,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long a writer waits for staging space before ENOSPC (default 30)",
     )
     m.add_argument(
+        "--commit-delay",
+        type=seconds,
+        default=0.5,
+        metavar="SECONDS",
+        help="how long after a file's close its commit starts (default 0.5; fsync and "
+        "'airfs flush' commit at once): a file renamed or deleted meanwhile (the temporary "
+        "file of an atomic write, a scratch file) is renamed or dropped locally, never "
+        "uploaded under its first name",
+    )
+    m.add_argument(
         "--allow-devices",
         action="store_true",
         help="let mknod create device nodes (POSIX origins; they cannot be opened through "

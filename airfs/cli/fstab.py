@@ -9,7 +9,8 @@ ORIGIN is a directory, ``s3://BUCKET[/PREFIX]``, or the mountpoint itself (overl
 ``-o`` options are ``airfs mount`` options with underscores (``cache_dir=``, ``cache_size=``,
 ``staging_size=``, ``staging_min_free=``, ``ttl=``, ``log_file=``, ``s3_endpoint=``,
 ``s3_region=``, ``s3_timeout=``,
-``s3_path_style``, ``allow_other``, ``no_allow_other``, ``drain_timeout=``, ``fuse=``,
+``s3_path_style``, ``allow_other``, ``no_allow_other``, ``drain_timeout=``,
+``commit_delay=``, ``fuse=``,
 ``debug``, ``immutable``); generic mount options (``rw``, ``defaults``, ``noauto``,
 ``nofail``, ``_netdev``, ``x-systemd.*``...) are accepted and ignored. Install it with
 ``mount/install.sh``.
@@ -32,6 +33,7 @@ _VALUED = {
     "s3_region",
     "s3_timeout",
     "drain_timeout",
+    "commit_delay",
     "fuse",
 }
 _FLAGS = {"s3_path_style", "allow_other", "no_allow_other", "debug", "rebuild_cache", "immutable"}

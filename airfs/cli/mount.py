@@ -71,6 +71,7 @@ def _mount_config(args: argparse.Namespace) -> Any:
         debug=args.debug,
         no_cache=args.no_cache,
         write_wait=args.write_wait,
+        commit_delay=args.commit_delay,
         allow_devices=args.allow_devices,
         rebuild_cache=args.rebuild_cache,
         emulate_latency=args.emulate_latency,

@@ -74,6 +74,7 @@ async def build(
     keep_open: frozenset[str] = frozenset(),
     attempts: int = 5,
     upload_concurrency: int = 8,
+    commit_delay: float = 0.0,
     upload: bool = True,
     remove_temporaries: Callable[[Iterable[str]], tuple[str, ...]] | None = None,
 ) -> AsyncIterator[Built]:
@@ -141,7 +142,11 @@ async def build(
         )
         nursery.start_soon(fs.kernel.run)
         uploader = Uploader(
-            area, aorigin, on_committed=fs.committed, concurrency=upload_concurrency
+            area,
+            aorigin,
+            on_committed=fs.committed,
+            concurrency=upload_concurrency,
+            commit_delay=commit_delay,
         )
         if upload:
             await nursery.start(uploader.run)

@@ -52,6 +52,9 @@ class MountConfig:
     debug: bool = False
     no_cache: bool = False
     write_wait: float = 30.0
+    #: seconds from a file's close to the start of its commit (a barrier commits at once):
+    #: the rename of an atomic write, or the unlink of a scratch file, then stays local
+    commit_delay: float = 0.5
     #: let ``mknod`` create device nodes (they still cannot be opened: the mount is nodev)
     allow_devices: bool = False
     #: a damaged block-cache index is moved aside (the cache starts empty) instead of refused

@@ -164,6 +164,7 @@ async def serve(
             staging_size=cfg.staging_size,
             staging_min_free=cfg.staging_min_free,
             write_wait=cfg.write_wait,
+            commit_delay=cfg.commit_delay,
             allow_devices=cfg.allow_devices,
             readpath=functools.partial(make_readpath, cfg),
             rebuild_journal=cfg.rebuild_journal,

@@ -55,7 +55,10 @@ async def wait_committed(
         for st, g in targets:
             while (nxt := st.replaced_by) is not None:
                 st, g = nxt, nxt.journaled_gen or nxt.gen
-                st.urgent = True
+                if not st.urgent:
+                    st.urgent = True  # (past the commit delay: the uploader looks again)
+                    if st.ps is not None:
+                        area.on_ready(st.ps)
                 start.setdefault(st.id, st.attempts)
             now_targets.append((st, g))
         lost = [st for st, _ in now_targets if st.conflict is not None]

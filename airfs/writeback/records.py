@@ -86,6 +86,8 @@ class Records:
             if v.seq is not None:
                 self.disk.remove_xattr(v.fd, RECORD_XATTR, v.id)
         self.disk.write(puts=(rec,), deletes=[v.id for v in drop if v.seq is not None])
+        if st.journaled_gen != st.gen:
+            st.closed_at = time.monotonic()
         st.seq, st.first_pending_ns, st.journaled_gen = seq, first, st.gen
         if drop:
             st.first_pending_ns = min(v.first_pending_ns or first for v in [st, *drop])

@@ -81,7 +81,15 @@ class WriteBackStats:
 
 
 class Uploader:
-    """Background commit loop. Start :meth:`run` in the daemon's nursery."""
+    """Background commit loop. Start :meth:`run` in the daemon's nursery.
+
+    A closed version is committed ``commit_delay`` seconds after its close (sooner when a
+    barrier asks for it: ``fsync``, ``msync``, ``airfs flush``, unmount), so that the name
+    operations that follow a close at once find a file not yet uploaded and stay local: the
+    temporary file of an atomic write (written, closed, renamed over its target) is committed
+    once, at its final name, and a scratch file deleted soon after its close is never
+    uploaded; without the delay each such rename or unlink waits for the upload of the old
+    name and then renames (on S3: copies) or deletes it at the origin."""
 
     def __init__(
         self,
@@ -89,11 +97,13 @@ class Uploader:
         origin: AsyncOrigin,
         *,
         concurrency: int = 8,
+        commit_delay: float = 0.0,
         on_committed: CommittedHook | None = None,
     ) -> None:
         self.area = area
         self.origin = origin
         self.concurrency = concurrency
+        self.commit_delay = commit_delay
         self.on_committed = on_committed
         self.active = 0
         self.committed_files = 0
@@ -135,15 +145,22 @@ class Uploader:
                     cand = ps.candidate()
                     if cand is None:
                         continue  # nothing to do, or an upload runs (it re-queues the path)
-                    if cand.next_try > now:
-                        later.append(item)  # retried when its delay has passed
+                    if self.due(cand) > now:
+                        later.append(item)  # its commit delay or retry delay not over yet
                         continue
                     self._start(nursery, ps, cand)
                 for item in later:
                     heapq.heappush(self._heap, item)
-                waits = [c.next_try - now for it in later if (c := it[3].candidate())]
+                waits = [self.due(c) - now for it in later if (c := it[3].candidate())]
                 with trio.move_on_after(min(waits) if waits else 5.0):
                     await ev.wait()
+
+    def due(self, st: Staged) -> float:
+        """When (monotonic) the commit of ``st`` may start: after its retry delay, and after
+        the commit delay from its close unless a barrier made it urgent."""
+        if st.urgent:
+            return st.next_try
+        return max(st.next_try, st.closed_at + self.commit_delay)
 
     def _start(self, nursery: trio.Nursery, ps: PathState, st: Staged) -> None:
         ps.uploading = st

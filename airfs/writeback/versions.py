@@ -78,6 +78,9 @@ class Staged:
     error_transient: bool = True
     attempts: int = 0
     next_try: float = 0.0
+    #: when this version was last closed (monotonic; 0: recovered from the journal): its
+    #: commit waits for the uploader's commit delay from then, unless a barrier asks for it
+    closed_at: float = 0.0
     #: a commit has been asked for by fsync/flush (committed before the rest)
     urgent: bool = False
     #: the newer version that made this one unnecessary (barriers follow it)

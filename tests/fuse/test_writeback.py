@@ -133,6 +133,38 @@ def test_pending_rename_and_delete_visible_at_once(make_volume) -> None:  # type
     assert names == {"q.txt"}
 
 
+def test_atomic_writes_are_committed_once_at_their_final_name(make_volume) -> None:  # type: ignore[no-untyped-def]
+    """The commit delay: temporary files written, closed and renamed over their target (git,
+    pip, JSON writers, checkpoint savers) are renamed locally, never uploaded under their
+    temporary names; the target is committed once. (A long delay, so that a slow machine
+    cannot start a commit between a close and its rename.) Before it, each rename waited for
+    the temporary name's upload and renamed (on S3: copied) it at the origin."""
+    v: Volume = make_volume("--commit-delay", "60")
+    for i in range(20):
+        tmp = v.root / f".state.json.{i}.tmp"
+        tmp.write_bytes(f"v{i}".encode())
+        os.replace(tmp, v.root / "state.json")
+    scratch = v.root / "scratch.bin"
+    scratch.write_bytes(b"s" * 100_000)
+    scratch.unlink()  # a scratch file deleted soon after its close: never uploaded
+    assert (v.root / "state.json").read_bytes() == b"v19"
+    assert v.m.status()["writeback"]["committed_files"] == 0
+    v.m.flush()  # a barrier does not wait for the delay
+    assert v.origin_bytes("state.json") == b"v19"
+    assert {e.name for e in v.spec.view.list("")} == {"state.json"}
+    assert v.m.status()["writeback"]["committed_files"] == 1
+
+
+def test_a_closed_file_is_committed_after_the_commit_delay(make_volume) -> None:  # type: ignore[no-untyped-def]
+    v: Volume = make_volume("--commit-delay", "0.3")
+    (v.root / "f.txt").write_text("later")
+    deadline = time.monotonic() + 30  # a hang guard, not a time bound
+    while v.m.status()["writeback"]["committed_files"] < 1:
+        assert time.monotonic() < deadline, "never committed without a barrier"
+        time.sleep(0.05)
+    assert v.origin_bytes("f.txt") == b"later"
+
+
 def test_origin_reader_never_sees_a_partial_file(make_volume) -> None:  # type: ignore[no-untyped-def]
     v: Volume = make_volume()
     old = b"A" * (16 << 20)
