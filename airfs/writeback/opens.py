@@ -25,6 +25,7 @@ Trio loop only.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -180,6 +181,10 @@ class Opens:
                 st.writers -= 1
                 if st.writers == 0 and st.closed_version and st.path is not None:
                     assert st.ps is not None
+                    # the commit delay counts from here: the kernel's release of the file
+                    # comes after the flush that journaled it, at the end of the close()
+                    # (which can take a while: ext4 starts writing a truncated file back)
+                    st.closed_at = time.monotonic()
                     self.area.on_ready(st.ps)  # a closed version waits for its last writer
         finally:
             st.refs -= 1

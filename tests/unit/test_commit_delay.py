@@ -96,3 +96,18 @@ async def test_a_barrier_commits_at_once_whatever_the_delay(tmp_path: Path) -> N
             await b.uploader.flush("")  # airfs flush, and what unmount drains with
         await b.fs.release(fh)
         assert mem.read_range("f", 0, 4) == b"data"
+
+
+async def test_the_delay_counts_from_the_release_not_the_flush(tmp_path: Path) -> None:
+    """``close()`` journals the file at FLUSH and ends with RELEASE, which can come much
+    later (ext4 writing a truncated file back first; a writer that flushed and still holds
+    the file): a delay counted from the flush had run out by the rename that followed."""
+    async with core(tmp_path, delay=0.3) as (b, mem):
+        fh, _ = await b.fs.create(ROOT_INO, "ckpt.tmp", 0o644, W | os.O_CREAT)
+        await b.fs.write(fh, 0, b"weights")
+        await b.fs.flush(fh)  # journaled here
+        await trio.sleep(0.5)  # longer than the delay
+        await b.fs.release(fh)
+        await b.fs.rename(ROOT_INO, "ckpt.tmp", ROOT_INO, "ckpt")
+        await committed(mem, "ckpt")
+        assert mem.calls["put"] == 1 and mem.calls["rename"] == 0
