@@ -149,9 +149,11 @@ class DiskQueue:
 
     # -- applying --------------------------------------------------------------------------
 
-    async def settle(self, *, since: int = 0, sync: bool = False) -> None:
+    async def settle(self, *, since: int = 0, sync: bool = False, files: bool = False) -> None:
         """Return once every change queued after position ``since`` and before the call is
-        on disk (with ``sync``, the journal synced too). Concurrent callers share batches
+        on disk (with ``sync``, the journal synced too; with ``files``, the deletions and
+        closes of staging files queued before the call done too, which a batch on the loop
+        leaves to the next one in a worker thread). Concurrent callers share batches
         (one transaction for all of them). ``OSError(ENOSPC)`` if the journal refused some
         of those changes: they stay queued (see the module docstring).
 
@@ -160,7 +162,7 @@ class DiskQueue:
         back meanwhile (seconds while a big file is staged), and the operations that only
         need their changes applied (a ``close``, ``rename``, ``unlink``) must not wait for
         it."""
-        await self._apply(since=since, sync=sync)
+        await self._apply(since=since, threaded=sync or files)
         if sync:
             async with self._sync_lock:
                 try:
@@ -170,8 +172,9 @@ class DiskQueue:
                     self.last_error = str(exc)
                     raise
 
-    async def _apply(self, *, since: int, sync: bool) -> None:
-        """:meth:`settle` less the sync: the changes queued after ``since`` applied."""
+    async def _apply(self, *, since: int, threaded: bool) -> None:
+        """:meth:`settle` less the sync: the changes queued after ``since`` applied (all in
+        a worker thread, the files' deletions included, when ``threaded``)."""
         target = self._queued
 
         def mine() -> list[_Op]:
@@ -183,7 +186,7 @@ class DiskQueue:
             batch, self._ops = self._ops, []
             files = [op for op in batch if op.kind in (_UNLINK, _DROP)]
             fast = (
-                not sync
+                not threaded
                 and len(files) <= CLEANUP_BACKLOG
                 and len(batch) - len(files) <= LOOP_MAX_OPS
                 and self.applier.runs_fast()
@@ -223,7 +226,7 @@ class DiskQueue:
                 self.failures += 1
                 self.last_error = str(exc)
             left = [op for op in kept if since < op.n <= target]
-            if left or (sync and exc is not None):
+            if left or (threaded and exc is not None):
                 raise OSError(
                     errno.ENOSPC,
                     f"journal: {len(left)} change(s) not recorded yet, retried every "

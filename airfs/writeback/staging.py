@@ -460,10 +460,11 @@ class StagingArea:
         then ``await ev.wait()`` if the condition is not met (no missed wake-ups)."""
         return self._changed
 
-    async def settle(self, *, sync: bool = False) -> None:
+    async def settle(self, *, sync: bool = False, files: bool = False) -> None:
         """Return once every change made so far is on disk (see
-        :meth:`~airfs.writeback.diskq.DiskQueue.settle`; ``sync``: the journal synced too)."""
-        await self.disk.settle(sync=sync)
+        :meth:`~airfs.writeback.diskq.DiskQueue.settle`; ``sync``: the journal synced too;
+        ``files``: the staging files dropped so far deleted too)."""
+        await self.disk.settle(sync=sync, files=files)
 
     async def run_settler(self, interval: float = 1.0) -> None:
         """Forever: every ``interval`` seconds, apply what no operation settled (a commit's

@@ -373,6 +373,9 @@ class Uploader:
                 self.area.close_version(st, barrier=True)
         targets = [(v, v.gen) for st in live for v in self.area.versions(st) if v.dirty]
         out = await self.commit(targets, on_progress)
+        for st, _ in targets:  # its bookkeeping done too (the staging file dropped)
+            while st.uploading:
+                await st.upload_done.wait()
         prefix = dir_path + "/" if dir_path else ""
         earlier = [
             c
@@ -384,7 +387,9 @@ class Uploader:
                 self.area.unreported.remove(c)
             raise OSError(errno.EIO, failure_message([], earlier))
         with contextlib.suppress(OSError):  # (journal full: the daemon retries every second)
-            await self.area.settle()  # the records of what was committed, deleted on disk
+            # the records of what was committed deleted on disk, and their staging files
+            # (a flush gives the staging space of what it committed back)
+            await self.area.settle(files=True)
         return out
 
     async def commit(

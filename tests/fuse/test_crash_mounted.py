@@ -78,7 +78,9 @@ def test_crashes_in_our_own_commits_are_never_a_conflict(
     conflict: ... exists``, showed the first version and kept the rewrite only in
     ``conflicts/``."""
     monkeypatch.setenv("AIRFS_TEST_FUSE", transport)
-    v: Volume = make_volume("--emulate-bandwidth", "50K")  # a commit of 100 kB takes ~2 s
+    # a commit of 100 kB takes ~2 s; commits start at the close (the rewrite must come
+    # while the first version's commit runs)
+    v: Volume = make_volume("--emulate-bandwidth", "50K", "--commit-delay", "0")
     v.m.umount()
     teardown(v.m)
     m = _mount_crashing(v, "put-after-publish")

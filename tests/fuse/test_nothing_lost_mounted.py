@@ -230,7 +230,7 @@ def test_full_local_disk_gives_enospc_and_the_daemon_survives(tmp_path: Path) ->
         # no staging floor: the disk itself runs full (the floor is the next test's)
         m = mount(
             str(origin), tmp_path / "mnt", cache, "--emulate-bandwidth", "8M",
-            "--staging-min-free", "0",
+            "--staging-min-free", "0", "--commit-delay", "0",
         )  # fmt: skip
         m.expect_errors(r"\[Errno 28\]")
         try:
