@@ -29,6 +29,9 @@ from .inodes import Node
 from .listings import HEADS_MAX
 from .readpath import ObjectRef
 
+#: an unlinked staged file of this many bytes or more is deleted before the unlink answers
+FREE_AT_ONCE = 1 << 20
+
 log = logging.getLogger(__name__)
 
 
@@ -182,7 +185,13 @@ class Names:
         # a file never committed may still have left a put that failed after it landed
         leftovers = list(st.ps.unsure) if st is not None and st.ps is not None else []
         if st is not None:
+            staged_bytes = sum(v.size for v in self.core.area.versions(st))
             self.core.area.discard(st)
+            if staged_bytes >= FREE_AT_ONCE:
+                # its staging files deleted before the unlink answers, as a local disk
+                # gives the space back (not left to the journal's next batch, a second)
+                with contextlib.suppress(OSError):  # (journal full: retried every second)
+                    await self.core.area.settle(files=True)
         if at_origin:
             try:
                 await self.core.origin.delete(path)
