@@ -29,7 +29,7 @@ from pathlib import Path
 from airfs.testing.mountfix import mount, mount_from, teardown
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cold_s3 import log, proc_mount
+from cold_s3 import log, proc_mount, rclone_remote
 
 MiB, KiB = 1 << 20, 1 << 10
 
@@ -106,13 +106,7 @@ def main() -> int:
             pw.write_text(f"{srv.access_key}:{srv.secret_key}\n")
             pw.chmod(0o600)
             (work / "rclone.conf").touch()
-            rclone_env = {
-                "RCLONE_CONFIG_SW_TYPE": "s3", "RCLONE_CONFIG_SW_PROVIDER": "Other",
-                "RCLONE_CONFIG_SW_ACCESS_KEY_ID": srv.access_key,
-                "RCLONE_CONFIG_SW_SECRET_ACCESS_KEY": srv.secret_key,
-                "RCLONE_CONFIG_SW_ENDPOINT": srv.endpoint, "RCLONE_CONFIG_SW_REGION": "us-east-1",
-                "RCLONE_CONFIG_SW_FORCE_PATH_STYLE": "true",
-            }  # fmt: skip
+            rclone_env = rclone_remote(srv)
 
             def measure(system: str, d: Path) -> None:
                 v = vals[system]

@@ -161,6 +161,17 @@ def copy_out(src: Path, dest: Path, jobs: int, expect: int) -> float:
     return expect / dt
 
 
+def rclone_remote(srv: Any) -> dict[str, str]:
+    """The environment that defines rclone's remote ``sw:`` as the SeaweedFS server ``srv``."""
+    return {
+        "RCLONE_CONFIG_SW_TYPE": "s3", "RCLONE_CONFIG_SW_PROVIDER": "Other",
+        "RCLONE_CONFIG_SW_ACCESS_KEY_ID": srv.access_key,
+        "RCLONE_CONFIG_SW_SECRET_ACCESS_KEY": srv.secret_key,
+        "RCLONE_CONFIG_SW_ENDPOINT": srv.endpoint, "RCLONE_CONFIG_SW_REGION": "us-east-1",
+        "RCLONE_CONFIG_SW_FORCE_PATH_STYLE": "true",
+    }  # fmt: skip
+
+
 @contextlib.contextmanager
 def proc_mount(cmd: list[str], mp: Path, logf: Path, env: dict[str, str]) -> Iterator[None]:
     """A peer's foreground FUSE daemon: wait for its mount; always unmount, stop it by PID."""
@@ -292,13 +303,7 @@ def main() -> int:
             pw = work / "s3fs.passwd"
             pw.write_text(f"{srv.access_key}:{srv.secret_key}\n")
             pw.chmod(0o600)
-            rclone_env = {
-                "RCLONE_CONFIG_SW_TYPE": "s3", "RCLONE_CONFIG_SW_PROVIDER": "Other",
-                "RCLONE_CONFIG_SW_ACCESS_KEY_ID": srv.access_key,
-                "RCLONE_CONFIG_SW_SECRET_ACCESS_KEY": srv.secret_key,
-                "RCLONE_CONFIG_SW_ENDPOINT": srv.endpoint, "RCLONE_CONFIG_SW_REGION": "us-east-1",
-                "RCLONE_CONFIG_SW_FORCE_PATH_STYLE": "true",
-            }  # fmt: skip
+            rclone_env = rclone_remote(srv)
             (work / "rclone.conf").touch()
 
             def warm_rate(system: str, mp: Path, env: dict[str, str]) -> float:

@@ -84,6 +84,17 @@ def pins(b: Built) -> int:
     return b.origin.statistics().calls.get("pin", 0)
 
 
+async def cached_file(b: Built, d: Path, name: str, data: bytes) -> int:
+    """Write ``name`` at the origin ``d`` and open it once through ``b`` (cached whole and
+    verified: passthrough's check); its inode."""
+    (d / name).write_bytes(data)
+    ino = (await b.fs.lookup(ROOT_INO, name)).ino
+    fh, _ = await b.fs.open(ino, R)
+    assert await b.fs.passthrough_source(fh) is not None  # cached and verified
+    await b.fs.release(fh)
+    return ino
+
+
 async def read_all(b: Built, fh: int) -> bytes:
     return await b.fs.read(fh, 0, 1 << 20)
 
@@ -116,11 +127,7 @@ async def test_an_open_of_a_cached_fresh_file_is_answered_inline(tmp_path: Path)
 async def test_a_fast_open_never_serves_a_version_older_than_the_ttl(tmp_path: Path) -> None:
     async with core(tmp_path, ttl=0.3) as (b, d):
         fs = b.fs
-        (d / "f").write_bytes(b"old")
-        ino = (await fs.lookup(ROOT_INO, "f")).ino
-        fh, _ = await fs.open(ino, R)
-        assert await fs.passthrough_source(fh) is not None  # cached and verified
-        await fs.release(fh)
+        ino = await cached_file(b, d, "f", b"old")
         (d / "f.new").write_bytes(b"new bytes")
         os.replace(d / "f.new", d / "f")  # replaced at the origin
         await trio.sleep(0.35)  # the TTL passes
@@ -143,11 +150,7 @@ async def test_an_open_whose_file_is_renamed_over_during_its_access_check_is_sta
     guard = SlowGuard()
     async with core(tmp_path, ttl=60, guard=guard) as (b, d):
         fs = b.fs
-        (d / "f").write_bytes(b"old")
-        ino = (await fs.lookup(ROOT_INO, "f")).ino
-        fh, _ = await fs.open(ino, R)
-        assert await fs.passthrough_source(fh) is not None  # cached and verified
-        await fs.release(fh)
+        ino = await cached_file(b, d, "f", b"old")
         fw, _ = await fs.create(ROOT_INO, "f.tmp", 0o644, os.O_WRONLY | os.O_CREAT)
         await fs.write(fw, 0, b"new")
         await fs.release(fw)
