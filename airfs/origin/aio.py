@@ -46,6 +46,8 @@ from .base import (
     NotSupported,
     Origin,
     OriginError,
+    PutCancel,
+    PutCancelled,
     Stalled,
     Transient,
 )
@@ -194,7 +196,8 @@ class AsyncOrigin:
                         job, limiter=self.limiter, abandon_on_cancel=abandon
                     )
             except OriginError as exc:
-                self._errors[op] += 1
+                if not isinstance(exc, PutCancelled):  # (stopped by us: not the origin's)
+                    self._errors[op] += 1
                 if not exc.transient:
                     self._mark_up()
                     raise
@@ -443,10 +446,19 @@ class AsyncOrigin:
         gid: int | None = None,
         attempts: int | None = None,
         fast: bool = False,
+        cancel: PutCancel | None = None,
     ) -> Entry:
         """``fast``: a put the caller waits for in the foreground (an ``O_EXCL`` claim): it
-        fails at once while the origin is down (see the module docstring)."""
-        fn = functools.partial(self.sync.put, mode=mode, mtime_ns=mtime_ns, **self._owner(uid, gid))
+        fails at once while the origin is down (see the module docstring). ``cancel`` is
+        given to an origin with ``cancel_puts`` (:class:`~airfs.origin.base.PutCancelled` is
+        not retried)."""
+        fn = functools.partial(
+            self.sync.put,
+            mode=mode,
+            mtime_ns=mtime_ns,
+            **self._owner(uid, gid),
+            cancel=cancel if self.capabilities.cancel_puts else None,
+        )
         return await self.call(
             fn,
             path,

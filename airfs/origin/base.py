@@ -20,6 +20,7 @@ from __future__ import annotations
 import enum
 import errno
 import logging
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, runtime_checkable
@@ -163,6 +164,35 @@ class Transient(OriginError):
     transient = True
 
 
+class PutCancelled(OriginError):
+    """A put stopped by its :class:`PutCancel` before it published anything: the origin holds
+    what it held before (see ``Capabilities.cancel_puts``). Not a failure of the origin."""
+
+    default_errno = errno.ECANCELED
+
+
+class PutCancel:
+    """Asks a put in progress to stop (``Capabilities.cancel_puts``). Thread-safe: set from
+    the trio loop, read by the put in its worker thread."""
+
+    __slots__ = ("_event",)
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def cancel(self) -> None:
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def check(self, path: str) -> None:
+        """Raise :class:`PutCancelled` if the put of ``path`` has been asked to stop."""
+        if self.cancelled:
+            raise PutCancelled(f"{path}: put cancelled")
+
+
 class Stalled(Transient):
     """The origin did not answer within a deadline (connect, first byte, idle transfer): a
     server that accepts and never answers. It starts the outage state at once
@@ -235,6 +265,11 @@ class Capabilities:
       (``airfs warm``); ``list(path, heads_max=N)`` asks them only when at most ``N`` are
       not known (a directory's names for ``readdir``: a few HEADs, not one per object of a
       big directory).
+    * ``cancel_puts``: ``put(cancel=...)`` stops a put that has not published its object yet
+      once the :class:`PutCancel` is set, raising :class:`PutCancelled`; nothing of it is
+      then visible at the origin (S3: a multipart upload stops between parts and is never
+      completed; a single PUT is only stopped before it is sent). A put that could no longer
+      be stopped ends as it would have. Other origins ignore ``cancel``.
     """
 
     pin: bool = False
@@ -252,6 +287,7 @@ class Capabilities:
     into_reads: bool = False
     whole_reads: bool = False
     bare_lists: bool = False
+    cancel_puts: bool = False
 
 
 @runtime_checkable
@@ -300,6 +336,7 @@ class Origin(Protocol):
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        cancel: PutCancel | None = None,
     ) -> Entry:
         """Atomically replace (or create) ``path`` with the content of local file ``source``.
 
@@ -309,7 +346,8 @@ class Origin(Protocol):
         ``mtime_ns`` None means now, ``uid``/``gid`` None keep the replaced object's owner
         (the origin's default for a new one). With ``if_match`` (a version tag, or ``""``
         meaning "must not exist"), raises :class:`Conflict` when the current object does
-        not match. Returns the new entry (with its version).
+        not match. Returns the new entry (with its version). ``cancel``: see
+        ``Capabilities.cancel_puts``.
         """
         ...
 

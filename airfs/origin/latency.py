@@ -13,6 +13,9 @@ With ``request_bytes`` a ``read_range`` of ``n`` bytes pays the latency once per
 least once): an NFS-like client whose ``rsize`` splits one large ``pread`` into requests in a
 row, so a reader gains only by issuing reads in parallel.
 
+A ``put`` given a cancel (``Capabilities.cancel_puts``, passed on from the inner origin) stops
+its transfer as soon as it is set, as an upload does between its parts.
+
 It counts ``calls`` per operation and ``bytes_read``, like
 :class:`~airfs.testing.memory.MemoryOrigin`. Used by tests and benchmarks; thread-safe.
 """
@@ -27,7 +30,10 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-from .base import Capabilities, Entry, FsStats, Kind, Origin
+from .base import Capabilities, Entry, FsStats, Kind, Origin, PutCancel
+
+#: how often a put's emulated transfer looks at its cancel
+CANCEL_POLL_S = 0.02
 
 
 class _Link:
@@ -38,17 +44,20 @@ class _Link:
         self._lock = threading.Lock()
         self._free_at = 0.0
 
-    def transfer(self, nbytes: int) -> None:
-        """Block the calling thread until ``nbytes`` have had their turn on the link."""
+    def transfer(self, nbytes: int, cancel: PutCancel | None = None, what: str = "") -> None:
+        """Block the calling thread until ``nbytes`` have had their turn on the link; with
+        ``cancel``, raise :class:`~airfs.origin.base.PutCancelled` as soon as it is set (an
+        upload stopped between its parts; the link time it reserved is not given back)."""
         if nbytes <= 0:
             return
         with self._lock:
             now = time.monotonic()
             start = max(now, self._free_at)
             self._free_at = done = start + nbytes / self.rate
-        delay = done - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
+        while (delay := done - time.monotonic()) > 0:
+            if cancel is not None:
+                cancel.check(what)
+            time.sleep(delay if cancel is None else min(delay, CANCEL_POLL_S))
 
 
 class LatencyOrigin:
@@ -83,9 +92,9 @@ class LatencyOrigin:
         if self.latency_s:
             time.sleep(self.latency_s)
 
-    def _transfer(self, nbytes: int) -> None:
+    def _transfer(self, nbytes: int, cancel: PutCancel | None = None, what: str = "") -> None:
         if self._link is not None:
-            self._link.transfer(nbytes)
+            self._link.transfer(nbytes, cancel, what)
 
     # -- reads ---------------------------------------------------------------------------
 
@@ -145,11 +154,14 @@ class LatencyOrigin:
         *,
         mode: int | None = None,
         mtime_ns: int | None = None,
+        cancel: PutCancel | None = None,
         **owner: int | None,
     ) -> Entry:
         self._request("put")
-        self._transfer(os.stat(source).st_size)
-        return self.inner.put(path, source, if_match, mode=mode, mtime_ns=mtime_ns, **owner)
+        self._transfer(os.stat(source).st_size, cancel, path)
+        return self.inner.put(
+            path, source, if_match, mode=mode, mtime_ns=mtime_ns, cancel=cancel, **owner
+        )
 
     # -- forwarded as they are -----------------------------------------------------------
 

@@ -31,6 +31,7 @@ from .base import (
     Kind,
     NotFound,
     OriginError,
+    PutCancel,
     check_rename_target,
     from_oserror,
     split,
@@ -188,8 +189,10 @@ class PosixOrigin:
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        cancel: PutCancel | None = None,
     ) -> Entry:
-        """See :meth:`Origin.put` and :meth:`.posix_put.Publisher.put`."""
+        """See :meth:`Origin.put` and :meth:`.posix_put.Publisher.put` (``cancel`` is
+        ignored: no ``cancel_puts``; a local copy is short)."""
         return self._publisher.put(
             path, source, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
         )

@@ -33,6 +33,7 @@ from airfs.origin.base import (
     Origin,
     OriginError,
     PermissionDenied,
+    PutCancel,
     check_rename_target,
     split,
 )
@@ -178,7 +179,10 @@ class MemoryOrigin:
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        cancel: PutCancel | None = None,
     ) -> Entry:
+        if cancel is not None:  # (no cancel_puts; checked as a put that is never sent)
+            cancel.check(path)
         with open(source, "rb") as f:
             data = f.read()
         return self.put_bytes(path, data, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid)

@@ -49,7 +49,7 @@ from ._writes import Writes
 if TYPE_CHECKING:
     import builtins
 
-    from ..base import Entry, FsStats, Kind
+    from ..base import Entry, FsStats, Kind, PutCancel
 
 
 class S3Origin:
@@ -286,6 +286,7 @@ class S3Origin:
             into_reads=True,
             whole_reads=True,
             bare_lists=True,
+            cancel_puts=True,
         )
 
     def save_known(self, file: str) -> int:
@@ -358,9 +359,10 @@ class S3Origin:
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        cancel: PutCancel | None = None,
     ) -> Entry:
         return self.writes.put(
-            path, source, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid
+            path, source, if_match, mode=mode, mtime_ns=mtime_ns, uid=uid, gid=gid, cancel=cancel
         )
 
     def delete(self, path: str) -> None:

@@ -10,8 +10,9 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import obstore
 import obstore.exceptions as oe
@@ -29,6 +30,8 @@ from ..base import (
     NameTooLong,
     NotFound,
     OriginError,
+    PutCancel,
+    PutCancelled,
     from_oserror,
     split,
 )
@@ -43,6 +46,11 @@ from ._config import (
 from ._core import S3Client
 from ._errors import translate
 from ._meta import Meta
+from ._stoppable import stoppable_multipart
+
+#: how far before a stopped put's start an upload of its key counts as its own (the server's
+#: clock against ours)
+OWN_UPLOAD_SKEW_S = 2.0
 
 
 class Writes:
@@ -142,12 +150,16 @@ class Writes:
         mtime_ns: int | None = None,
         uid: int | None = None,
         gid: int | None = None,
+        cancel: PutCancel | None = None,
     ) -> Entry:
         """See :meth:`Origin.put`: mode, owner and mtime travel in the object's metadata
         (:mod:`._meta`), so the object never exists without them. ``mode``/``uid``/``gid``
         None keep the replaced object's (the default mode and no owner for a new one);
-        ``mtime_ns`` None stores the time of the put."""
+        ``mtime_ns`` None stores the time of the put. ``cancel`` (``Capabilities.cancel_puts``)
+        is checked before the PUT is sent, and between the parts of a multipart upload."""
         where = self.c.where(path)
+        if cancel is not None:
+            cancel.check(where)
         if not path:
             raise IsADir(f"{where}: is a directory")
         try:
@@ -174,8 +186,10 @@ class Writes:
                 self._check_precondition(path, if_match)
         try:
             crash_point("put-before-publish")
-            etag = self.put_object(path, Path(source), size, attrs, cond)
+            etag = self.put_object(path, Path(source), size, attrs, cond, cancel)
             crash_point("put-after-publish")
+        except PutCancelled:
+            raise
         except Exception as exc:
             err = translate(exc, where)
             if isinstance(err, Conflict) or (isinstance(err, NotFound) and if_match):
@@ -185,11 +199,21 @@ class Writes:
         return self._written(path, etag, size, attrs)
 
     def put_object(
-        self, path: str, body: Path | bytes, size: int, attrs: Meta, cond: PutMode | None
+        self,
+        path: str,
+        body: Path | bytes,
+        size: int,
+        attrs: Meta,
+        cond: PutMode | None,
+        cancel: PutCancel | None = None,
     ) -> str:
         """One PUT (up to ``single_put_max``, conditional with ``cond``) or a multipart
         upload (never conditional) of ``body`` with ``attrs``; returns the new ETag. Raises
-        obstore's exceptions."""
+        obstore's exceptions, and :class:`PutCancelled` when ``cancel`` stopped it (checked
+        before a single PUT is sent; a multipart upload of a file reads it through
+        :class:`_StoppableFile`)."""
+        if cancel is not None:
+            cancel.check(self.c.where(path))
         if size <= self.single_put_max:
             res = obstore.put(
                 self.c.store if size <= BULK_MIN else self.c.bulk,
@@ -202,15 +226,26 @@ class Writes:
         else:
             # S3 allows 10,000 parts: grow the parts of very large files (in whole MiB)
             part = max(self.part_size, -(-size // (9_000 * MiB)) * MiB)
-            res = obstore.put(
-                self.c.bulk,
-                path,
-                body,
-                use_multipart=True,
-                chunk_size=part,
-                max_concurrency=self.put_concurrency,
-                attributes=attrs.attributes(),
-            )
+            kw: dict[str, Any] = {
+                "chunk_size": part,
+                "max_concurrency": self.put_concurrency,
+                "attributes": attrs.attributes(),
+            }
+            if cancel is not None and isinstance(body, Path):
+                since = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=OWN_UPLOAD_SKEW_S)
+                out = stoppable_multipart(
+                    self.c.bulk,
+                    path,
+                    body,
+                    cancel,
+                    None if self.c.raw is None else lambda: self._abort_own(path, since),
+                    **kw,
+                )
+                if out is None:
+                    raise PutCancelled(f"{self.c.where(path)}: put cancelled")
+                res = out  # type: ignore[assignment]
+            else:
+                res = obstore.put(self.c.bulk, path, body, use_multipart=True, **kw)
         return res.get("e_tag") or ""
 
     def _written(self, path: str, etag: str, size: int, attrs: Meta) -> Entry:
@@ -243,13 +278,26 @@ class Writes:
         ``older_than_s`` seconds ago (left behind by a daemon that was killed mid-upload;
         S3 keeps, and bills, their parts forever). Returns how many were aborted. Needs the
         signing client (else 0)."""
+        prefix = f"{self.c.prefix}/" if self.c.prefix else ""
+        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
+        return self._abort(prefix, lambda key, started: started <= cutoff)
+
+    def _abort_own(self, path: str, since: dt.datetime) -> int:
+        """Abort the uploads of ``path``'s key started since ``since`` (a stopped put's:
+        :mod:`._stoppable`). Another node's upload of the same key started in that window
+        (two nodes writing one file at once) is aborted too: its completion then fails and
+        that node's commit is retried."""
+        key = f"{self.c.prefix}/{path}" if self.c.prefix else path
+        return self._abort(key, lambda k, started: k == key and started >= since)
+
+    def _abort(self, prefix: str, which: Callable[[str, dt.datetime], bool]) -> int:
+        """Abort the multipart uploads of keys under ``prefix`` that ``which(key, started)``
+        chooses; how many. Needs the signing client (else 0)."""
         if self.c.raw is None:
             return 0
-        prefix = f"{self.c.prefix}/" if self.c.prefix else ""
         root = ET.fromstring(
             self.c.raw.request("GET", None, self.c.url, {"uploads": "", "prefix": prefix})
         )
-        cutoff = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=older_than_s)
         aborted = 0
         for el in root:
             if el.tag.rpartition("}")[2] != "Upload":
@@ -261,7 +309,7 @@ class Writes:
                 started = dt.datetime.fromisoformat(when)
             except ValueError:
                 continue
-            if not key or not upload_id or started > cutoff:
+            if not key or not upload_id or not which(key, started):
                 continue
             with contextlib.suppress(OriginError):
                 self.c.raw.request("DELETE", key, self.c.url, {"uploadId": upload_id})
