@@ -386,13 +386,23 @@ class Core(Revalidation):
 
     # -- waiting for commits ---------------------------------------------------------------
 
-    async def settle(self, path: str) -> None:
-        """Wait for in-flight commits at or under ``path`` to land, so a name operation
+    async def settle(self, path: str, *, stop: bool = False) -> None:
+        """Wait for in-flight commits at or under ``path`` to end, so a name operation
         never races an upload to the old name; then put the journal updates of the commits
         that landed on disk (else, after a crash, the record of a commit that landed at the
-        old name would be replayed there once the name operation has moved or removed it)."""
+        old name would be replayed there once the name operation has moved or removed it).
+
+        With ``stop`` (a rename or unlink, which holds the paths: no commit starts there
+        meanwhile) each upload is first asked to stop before it publishes anything
+        (:meth:`~airfs.writeback.versions.Staged.cancel_upload`, where the origin has
+        ``cancel_puts``): one that stops leaves its version pending, which the operation
+        then renames or drops locally, instead of waiting for the whole upload and then
+        renaming (on S3: copying) or deleting the object."""
         while True:
             while busy := self.uploading(path):
+                if stop:
+                    for v in busy:
+                        v.cancel_upload()
                 await self.wait_upload(busy[0])
             with contextlib.suppress(OSError):  # journal full: the operation's settle says so
                 await self.area.settle()

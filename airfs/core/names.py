@@ -179,7 +179,14 @@ class Names:
     async def unlink(self, parent_ino: int, name: str) -> None:
         path = self.core.child(parent_ino, name)
         await self.core.check("unlink", path)
-        await self.core.settle(path)
+        held = self.core.area.hold(path)  # no commit starts on it (an upload stopped stays so)
+        try:
+            await self._unlink(path)
+        finally:
+            self.core.area.unhold(held)
+
+    async def _unlink(self, path: str) -> None:
+        await self.core.settle(path, stop=True)
         st = self.core.area.get(path)
         at_origin = st is None or st.base_version is not None
         # a file never committed may still have left a put that failed after it landed
@@ -240,8 +247,8 @@ class Names:
             return  # two names of one file: rename(2) does nothing
         held = self.core.area.hold(old, new)  # no commit starts on these names meanwhile
         try:
-            await self.core.settle(old)
-            await self.core.settle(new)
+            await self.core.settle(old, stop=True)
+            await self.core.settle(new, stop=True)
             moved_dir, replaced = await self._rename(old, new, noreplace=noreplace)
         finally:
             self.core.area.unhold(held)

@@ -275,6 +275,11 @@ _FIELDS: dict[tuple[str, str], tuple[str, str, str]] = {
         "counter",
         "commits found already at the origin",
     ),
+    ("writeback", "cancelled_uploads"): (
+        "airfs_writeback_cancelled_uploads_total",
+        "counter",
+        "uploads stopped by a rename or unlink of their file",
+    ),
     ("writeback", "errors"): ("airfs_writeback_errors_total", "counter", "failed commit attempts"),
     # background prefetch (the torch dataset's hints)
     ("prefetch", "submitted"): (

@@ -279,7 +279,9 @@ class StagingArea:
     def move(self, old: str, new: str, *, rebase: bool = False, base: str | None = None) -> None:
         """Rename staged files at ``old`` (or under it, for a directory) to ``new``; what was
         staged at or under ``new`` is discarded. With ``rebase``, ``base`` is the origin
-        version the file moved to ``new`` now replaces. Journaled in one transaction."""
+        version the file moved to ``new`` now replaces. Journaled in one transaction. The
+        commit delay of the closed versions moved starts again (name operations come in
+        runs: a directory put in place, then its old copy deleted)."""
         if not old or not new:
             raise AssertionError("the root is never renamed")
         # the origin may still hold what failed puts of the file replaced at ``new`` left:
@@ -304,6 +306,8 @@ class StagingArea:
             for v in ps.versions:
                 self.records.name(v, ps.path)
                 changed.append(v)
+                if v.closed_at:  # (0: recovered from the journal, committed at once)
+                    v.closed_at = time.monotonic()
         self.records.rewrite(changed)
 
     def discard(self, st: Staged) -> None:

@@ -42,7 +42,7 @@ from typing import Any
 import trio
 
 from airfs.origin.aio import AsyncOrigin
-from airfs.origin.base import Conflict, Entry, NotFound, OriginError
+from airfs.origin.base import Conflict, Entry, NotFound, OriginError, PutCancel, PutCancelled
 
 from . import unsure
 from .staging import PathState, Staged, StagingArea, failure_message
@@ -68,6 +68,8 @@ class WriteBackStats:
     commit_mib_s: float
     recent_commit_mib_s: float
     already_committed: int
+    #: uploads stopped by a rename or unlink of their file (committed later, or never)
+    cancelled_uploads: int
     errors: int
     last_error: str | None
     failing: tuple[dict[str, Any], ...]
@@ -109,6 +111,8 @@ class Uploader:
         self.committed_files = 0
         self.committed_bytes = 0
         self.already_committed = 0
+        #: uploads stopped by a name operation (:meth:`Staged.cancel_upload`)
+        self.cancelled = 0
         self.commit_seconds = 0.0
         self.errors = 0
         self.last_error: str | None = None
@@ -165,6 +169,7 @@ class Uploader:
     def _start(self, nursery: trio.Nursery, ps: PathState, st: Staged) -> None:
         ps.uploading = st
         st.upload_done = trio.Event()
+        st.put_cancel = PutCancel() if self.origin.capabilities.cancel_puts else None
         self.active += 1
         nursery.start_soon(self._upload, ps, st)
 
@@ -174,6 +179,10 @@ class Uploader:
         t0 = time.monotonic()
         try:
             entry = await self._commit(ps, st, path)
+        except PutCancelled:
+            # a name operation stopped it before it published anything: still pending
+            self.cancelled += 1
+            log.debug("commit of %s stopped for a name operation", path)
         except Conflict as exc:
             await self._lost(st, path, exc)
         except OriginError as exc:
@@ -197,6 +206,7 @@ class Uploader:
                 log.exception("bookkeeping after the commit of %s failed", path)
         finally:
             self.active -= 1
+            st.put_cancel = None
             self.area.upload_finished(ps, st)
         # the commit's journal changes go with the next batch (an operation's, or the
         # daemon's every second): a crash before leaves a record the next commit recognises
@@ -225,6 +235,7 @@ class Uploader:
                     mtime_ns=st.mtime_ns,
                     uid=st.uid,
                     gid=st.gid,
+                    cancel=st.put_cancel,
                 )
             except Conflict:
                 entry = await self._stat(path)
@@ -420,6 +431,7 @@ class Uploader:
             else 0.0,
             recent_commit_mib_s=round(sum(n for _, n in window) / span / 2**20, 1) if span else 0.0,
             already_committed=self.already_committed,
+            cancelled_uploads=self.cancelled,
             errors=self.errors,
             last_error=self.last_error,
             failing=tuple(

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import trio
 
+from airfs.origin.base import PutCancel
+
 __all__ = ["UNSURE_MAX", "Close", "PathState", "Staged", "close_due"]
 
 #: fingerprints of failed puts kept per file until a commit lands (the newest: a put that
@@ -74,6 +76,9 @@ class Staged:
     journaled_gen: int = 0
     first_pending_ns: int = 0
     upload_done: trio.Event = field(default_factory=trio.Event)
+    #: stops the running upload of this version (where the origin can stop a put): a name
+    #: operation that would otherwise wait for it (:meth:`cancel_upload`)
+    put_cancel: PutCancel | None = None
     error: str | None = None
     error_transient: bool = True
     attempts: int = 0
@@ -124,6 +129,15 @@ class Staged:
     def closed_version(self) -> bool:
         """Journaled and not written since: its bytes are what its record describes."""
         return self.seq is not None and self.journaled_gen == self.gen
+
+    def cancel_upload(self) -> bool:
+        """Ask this version's running upload to stop before it publishes anything (it then
+        stays pending, as if it had not started); whether it was running."""
+        if not self.uploading:
+            return False
+        if self.put_cancel is not None:
+            self.put_cancel.cancel()
+        return True
 
     def failed_since(self, attempts: int) -> bool:
         """Failed, for a reason retrying will not fix, in an attempt made after the count

@@ -165,6 +165,40 @@ def test_a_closed_file_is_committed_after_the_commit_delay(make_volume) -> None:
     assert v.origin_bytes("f.txt") == b"later"
 
 
+def test_a_rename_or_unlink_during_an_upload_stops_it_on_s3(make_volume) -> None:  # type: ignore[no-untyped-def]
+    """A checkpoint directory renamed into place, and a scratch file deleted, while their
+    files upload (a 4 MiB/s emulated link: an upload of 8 MiB takes 2 s): on S3 the uploads
+    stop (``cancelled_uploads``), the files commit once at their new names and the deleted
+    one never reaches the origin; on POSIX (no ``cancel_puts``) the operations wait for the
+    uploads, with the same result at the origin."""
+    v: Volume = make_volume("--commit-delay", "0", "--emulate-bandwidth", "4M")
+    data = {n: os.urandom(8 << 20) for n in ("model.bin", "optim.bin")}
+    (v.root / "tmp-ckpt").mkdir()
+    for n, b in data.items():
+        (v.root / "tmp-ckpt" / n).write_bytes(b)
+    (v.root / "scratch.bin").write_bytes(os.urandom(8 << 20))
+    deadline = time.monotonic() + 30  # a hang guard, not a time bound
+    while v.m.status()["writeback"]["uploading"] < 1:
+        assert time.monotonic() < deadline, "no upload started"
+        time.sleep(0.02)
+    os.rename(v.root / "tmp-ckpt", v.root / "ckpt")
+    os.unlink(v.root / "scratch.bin")
+    v.m.flush()
+    for n, b in data.items():
+        assert (v.root / "ckpt" / n).read_bytes() == b
+        assert v.origin_bytes(f"ckpt/{n}") == b
+    names = {e.name for e in v.spec.view.list("")}
+    assert "tmp-ckpt" not in names and "scratch.bin" not in names
+    assert {e.name for e in v.spec.view.list("ckpt")} == set(data)
+    wb = v.m.status()["writeback"]
+    assert wb["errors"] == 0
+    if v.spec.kind == "s3":
+        assert wb["cancelled_uploads"] >= 1
+        assert wb["committed_files"] == len(data)  # each once, at its new name
+    else:
+        assert wb["cancelled_uploads"] == 0
+
+
 def test_origin_reader_never_sees_a_partial_file(make_volume) -> None:  # type: ignore[no-untyped-def]
     v: Volume = make_volume()
     old = b"A" * (16 << 20)

@@ -111,3 +111,28 @@ async def test_the_delay_counts_from_the_release_not_the_flush(tmp_path: Path) -
         await b.fs.rename(ROOT_INO, "ckpt.tmp", ROOT_INO, "ckpt")
         await committed(mem, "ckpt")
         assert mem.calls["put"] == 1 and mem.calls["rename"] == 0
+
+
+async def test_a_rename_starts_the_delay_of_the_files_it_moves_again(tmp_path: Path) -> None:
+    """A file renamed (or a directory of files put in place) 1.2 s after its close, with a
+    2 s delay: it is not committed 1 s after the rename (2.2 s after its close), and it is
+    committed once, at its new name, after that."""
+    async with core(tmp_path, delay=2.0) as (b, mem):
+        await b.fs.mkdir(ROOT_INO, "tmp-dir", 0o755)
+        d = (await b.fs.lookup(ROOT_INO, "tmp-dir")).ino
+        fh, _ = await b.fs.create(d, "part.bin", 0o644, W | os.O_CREAT)
+        await b.fs.write(fh, 0, b"p" * 100)
+        await b.fs.flush(fh)
+        await b.fs.release(fh)
+        st = b.area.get("tmp-dir/part.bin")
+        assert st is not None
+        closed = st.closed_at
+        await trio.sleep(1.2)
+        await b.fs.rename(ROOT_INO, "tmp-dir", ROOT_INO, "dir")
+        assert st.path == "dir/part.bin" and st.closed_at >= closed + 1.2
+        await trio.sleep(1.0)
+        assert mem.calls["put"] == 0
+        await committed(mem, "dir/part.bin")
+        assert mem.calls["put"] == 1  # (the directory itself is renamed at the origin)
+        with pytest.raises(NotFound):
+            mem.stat("tmp-dir/part.bin")
