@@ -7,7 +7,6 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -57,16 +56,16 @@ def test_a_put_cancelled_before_it_starts_sends_nothing(
 def cancel_after_reads(monkeypatch: pytest.MonkeyPatch, c: PutCancel, n: int) -> list[int]:
     """Set ``c`` once the upload has read ``n`` parts of its file (no timing)."""
     reads: list[int] = []
-    orig = StoppableFile.readinto
+    orig = StoppableFile.read
 
-    def readinto(self: StoppableFile, b: Any) -> int:
-        got = orig(self, b)
-        reads.append(got)
+    def read(self: StoppableFile, size: int = -1) -> bytes:
+        got = orig(self, size)
+        reads.append(len(got))
         if len(reads) == n:
             c.cancel()
         return got
 
-    monkeypatch.setattr(StoppableFile, "readinto", readinto)
+    monkeypatch.setattr(StoppableFile, "read", read)
     return reads
 
 
@@ -126,15 +125,15 @@ def test_a_cancel_after_the_last_read_lets_the_upload_complete(
     o = small_parts(s3_origin_factory)
     src, data = source(tmp_path, 12 * MiB)
     c = PutCancel()
-    orig = StoppableFile.readinto
+    orig = StoppableFile.read
 
-    def readinto(self: StoppableFile, b: Any) -> int:
-        got = orig(self, b)
-        if got == 0:
+    def read(self: StoppableFile, size: int = -1) -> bytes:
+        got = orig(self, size)
+        if not got:
             c.cancel()
         return got
 
-    monkeypatch.setattr(StoppableFile, "readinto", readinto)
+    monkeypatch.setattr(StoppableFile, "read", read)
     e = o.put("f.bin", src, cancel=c)
     assert c.cancelled
     assert o.stat("f.bin").version == e.version

@@ -12,7 +12,10 @@ thread), reading the file through :class:`StoppableFile`. Once the cancel is set
   upload goes on to its next read, which fails, and obstore aborts it itself (slower: the
   parts in flight are sent first);
 * if the end has been read, the completion may be under way: the upload is let finish, and
-  the put returns as if never cancelled.
+  the put returns as if never cancelled. obstore reads up to ``max_concurrency`` parts ahead
+  of those it has sent, so this is the case for the last ``max_concurrency x chunk_size``
+  bytes of a file (128 MiB with the S3 origin's defaults): a stop is quick for an upload
+  of a big file until its last 128 MiB, and never for a file not much bigger than that.
 """
 
 from __future__ import annotations
@@ -71,6 +74,18 @@ class StoppableFile(io.RawIOBase):
 
     def tell(self) -> int:
         return self._f.tell()
+
+    def read(self, size: int = -1) -> bytes:
+        """What obstore calls (a part's worth at a time): ``os.read`` into a new ``bytes``,
+        the copy made with the GIL released (``RawIOBase.read`` would zero a buffer and copy
+        it again with the GIL held, stalling the trio loop for each part)."""
+        with self._lock:
+            if self.refused:
+                raise OSError(errno.ECANCELED, "upload cancelled")
+            data = self._f.readall() if size < 0 else os.read(self._f.fileno(), size)
+            if not data:
+                self.eof = True
+            return data
 
     def readinto(self, b: WriteableBuffer) -> int:
         with self._lock:
