@@ -273,6 +273,23 @@ class Names:
         except (OSError, ValueError) as exc:
             log.warning("could not keep %s in the cache after its rename: %s", new, exc)
 
+    async def _rebase_moved(self, new: str) -> None:
+        """The staged files of a directory just renamed at the origin to ``new`` that
+        replace a committed version now replace what the rename put at their new names
+        (an S3 rename copies each object, and a copy may get a new version tag: AWS gives
+        the copy of a multipart object one); else their commits would lose a conflict
+        with their own old bytes. One origin ``stat`` per such file."""
+        for st in self.core.area.under(new):
+            ps = st.ps
+            if ps is None or ps.base is None or ps.path is None:
+                continue
+            try:
+                entry = await self.core.origin.stat(ps.path)
+            except NotFound:
+                continue
+            if ps.path is not None:
+                self.core.area.rebase(ps, entry.version)
+
     def _name_nodes(self, *paths: str) -> list[Node]:
         """The distinct inodes bound at ``paths``, in inode order (the order their locks are
         taken in, so that two renames never wait for each other)."""
@@ -332,6 +349,7 @@ class Names:
                 moved_entry = None if is_dir else await self.core.stat(new)
                 if is_dir:
                     self.core.area.move(old, new)
+                    await self._rebase_moved(new)
                 else:
                     # what the origin's rename put at ``new`` (an S3 copy has a new ETag)
                     base = moved_entry.version if moved_entry is not None else None

@@ -820,3 +820,47 @@ async def test_forgotten_names_stay_usable_while_origin_unreachable(tmp_path: Pa
         attr = await c.fs.lookup(ROOT_INO, "k")
         assert attr.size == 5
         c.fs.forget([(attr.ino, 1)])
+
+
+class CopyingRename:
+    """Wraps a memory origin whose ``rename`` gives every file it moves a new version, as an
+    S3 rename does (a copy: AWS gives a copy of a multipart object a new ETag)."""
+
+    def __init__(self, inner: MemoryOrigin) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def rename(self, src: str, dst: str, replace: bool = True) -> None:
+        self.inner.rename(src, dst, replace)
+        todo = [dst]
+        while todo:
+            p = todo.pop()
+            e = self.inner.stat(p)
+            if e.kind is Kind.DIR:
+                todo += [f"{p}/{c.name}" for c in self.inner.list(p)]
+            else:
+                self.inner.put_bytes(p, self.inner.read_range(p, 0, e.size), mode=e.mode)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+async def test_a_directory_renamed_by_copies_keeps_its_staged_rewrites_committable(
+    tmp_path: Path,
+) -> None:
+    """A committed file rewritten (staged, replacing the committed version), then its
+    directory renamed at an origin whose rename copies (new versions): the rewrite commits
+    over the copy at the new name, not as a conflict."""
+    async with running_core(tmp_path, wrap=CopyingRename) as c:
+        await c.fs.mkdir(ROOT_INO, "d", 0o755)
+        d = await c.ino("d")
+        await c.write_file("f", b"one", parent=d)
+        await c.flush()
+        fh, _ = await c.fs.open(await c.ino("d/f"), W | os.O_TRUNC)
+        await c.fs.write(fh, 0, b"two")  # staged; not committed while open for writing
+        await c.fs.rename(ROOT_INO, "d", ROOT_INO, "e")
+        await c.fs.release(fh)
+        await c.flush()
+        assert c.origin_bytes("e/f") == b"two"
+        s = c.uploader.statistics()
+        assert (s.conflicts, s.errors) == ((), 0)
