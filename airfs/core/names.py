@@ -281,13 +281,13 @@ class Names:
         with their own old bytes. One origin ``stat`` per such file."""
         for st in self.core.area.under(new):
             ps = st.ps
-            if ps is None or ps.base is None or ps.path is None:
+            if ps is None or ps.base is None or (path := ps.path) is None:
                 continue
             try:
-                entry = await self.core.origin.stat(ps.path)
+                entry = await self.core.origin.stat(path)
             except NotFound:
                 continue
-            if ps.path is not None:
+            if ps.path == path:  # (not moved or deleted meanwhile)
                 self.core.area.rebase(ps, entry.version)
 
     def _name_nodes(self, *paths: str) -> list[Node]:
