@@ -7,7 +7,10 @@ Rows: *atomic writes/s* -- a temporary file written (``--small-kib``), closed an
 ``os.replace``d over its target, ``--atomic`` times in one directory (what git, pip, JSON
 writers and checkpoint savers do); *rename / unlink just after close* -- a ``--big-mib`` file
 written, closed, and 0.2 s later renamed (or deleted): the seconds the rename or unlink takes;
-*unlink during an upload* -- the same unlink while the previous file's commit uploads.
+*unlink during an upload* -- the same unlink while the previous file's commit uploads;
+*directory rename during uploads* -- ``--dir-files`` files of ``--big-mib`` written into a
+temporary directory (a trainer's checkpoint), renamed into place 1 s after the last close
+(airfs: their commits are uploading then): the seconds the rename takes.
 
     .venv/bin/python scripts/bench/atomic_writes.py --rounds 3 --before /tmp/before
 
@@ -74,12 +77,26 @@ def unlink_during_upload(d: Path, mib: int, chunk: bytes) -> float:
     return after_close(d, mib, chunk, "unlink2")
 
 
+def dir_rename_busy(d: Path, files: int, mib: int, chunk: bytes, r: int) -> float:
+    """Seconds a rename of a directory of ``files`` new files of ``mib`` MiB takes 1 s after
+    the last one was closed."""
+    tmp = d / f"tmp-checkpoint-{r}"
+    tmp.mkdir()
+    for i in range(files):
+        write_file(tmp / f"part-{i}.bin", mib, chunk)
+    time.sleep(1.0)
+    t0 = time.perf_counter()
+    os.rename(tmp, d / f"checkpoint-{r}")
+    return time.perf_counter() - t0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--atomic", type=int, default=300, help="atomic writes per round")
     ap.add_argument("--small-kib", type=int, default=4)
     ap.add_argument("--big-mib", type=int, default=256)
+    ap.add_argument("--dir-files", type=int, default=3)
     ap.add_argument("--only", default="local,airfs,s3fs,rclone")
     ap.add_argument("--before", type=Path, help="also mount airfs from this checkout")
     ap.add_argument("--out", type=Path)
@@ -96,7 +113,7 @@ def main() -> int:
         if peer in systems and not shutil.which(peer):
             log(f"{peer} is not installed: skipped")
             systems.remove(peer)
-    rows = ("atomic", "rename", "unlink", "unlink_busy")
+    rows = ("atomic", "rename", "unlink", "unlink_busy", "dir_busy")
     vals: dict[str, dict[str, list[float]]] = {s: {r: [] for r in rows} for s in systems}
     small = os.urandom(a.small_kib * KiB)
     chunk = os.urandom(MiB)
@@ -114,6 +131,9 @@ def main() -> int:
                 v["rename"].append(after_close(d, a.big_mib, chunk, "rename"))
                 v["unlink"].append(after_close(d, a.big_mib, chunk, "unlink"))
                 v["unlink_busy"].append(unlink_during_upload(d, a.big_mib, chunk))
+                v["dir_busy"].append(
+                    dir_rename_busy(d, a.dir_files, a.big_mib, chunk, len(v["dir_busy"]))
+                )
 
             def one(system: str, r: int) -> None:
                 mp = work / "mnt" / system
@@ -170,7 +190,8 @@ def main() -> int:
                     v = vals[s]
                     log(f"  atomic {v['atomic'][-1]:,.0f}/s, rename {v['rename'][-1]:.3f} s, "
                         f"unlink {v['unlink'][-1]:.3f} s, "
-                        f"unlink during upload {v['unlink_busy'][-1]:.3f} s")  # fmt: skip
+                        f"unlink during upload {v['unlink_busy'][-1]:.3f} s, "
+                        f"dir rename during uploads {v['dir_busy'][-1]:.3f} s")  # fmt: skip
     finally:
         shutil.rmtree(work, ignore_errors=True)
     labels = {
@@ -178,6 +199,8 @@ def main() -> int:
         "rename": f"rename of a {a.big_mib} MiB file 0.2 s after its close (s)",
         "unlink": f"unlink of a {a.big_mib} MiB file 0.2 s after its close (s)",
         "unlink_busy": f"the same unlink while another {a.big_mib} MiB file uploads (s)",
+        "dir_busy": f"rename of a directory of {a.dir_files} new {a.big_mib} MiB files, 1 s "
+        "after the last close (s)",
     }
     lines = [
         f"Run {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, median of {a.rounds} rounds.",
