@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
+import obstore
 import pytest
+from obstore.store import MemoryStore
 
 from airfs.origin.base import NotFound, PutCancel, PutCancelled
 from airfs.origin.latency import LatencyOrigin
@@ -166,3 +169,36 @@ def test_an_emulated_transfer_stops_when_its_put_is_cancelled(tmp_path: Path) ->
         o.put("f.bin", src, cancel=c)
     with pytest.raises(NotFound):
         inner.stat("f.bin")
+
+
+def test_a_failed_abort_of_a_stopped_upload_still_stops_the_put(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The abort of the upload left behind fails (the server unreachable): the put is
+    stopped all the same (it can never complete), and the failure is logged. (A memory
+    store; its first read cancels the put and then takes 0.2 s, so the upload is still
+    reading when the cancel is seen.)"""
+    store = MemoryStore()
+    src, _ = source(tmp_path, 12 * MiB)
+    c = PutCancel()
+    orig = StoppableFile.read
+
+    def read(self: StoppableFile, size: int = -1) -> bytes:
+        got = orig(self, size)
+        if not c.cancelled:
+            c.cancel()
+            time.sleep(0.2)
+        return got
+
+    monkeypatch.setattr(StoppableFile, "read", read)
+
+    def abort() -> None:
+        raise OSError("connection refused")
+
+    out = stoppable_multipart(
+        store, "f.bin", Path(src), c, abort, chunk_size=5 * MiB, max_concurrency=1
+    )
+    assert out is None
+    assert "could not abort a stopped upload" in caplog.text
+    with pytest.raises(FileNotFoundError):
+        obstore.head(store, "f.bin")

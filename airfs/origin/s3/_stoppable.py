@@ -8,7 +8,8 @@ thread), reading the file through :class:`StoppableFile`. Once the cancel is set
 * if the end of the file has not been read yet, no later read succeeds (the file *refuses*,
   under the lock its reads take), so the upload can never be completed: its task is dropped
   at once, the parts in flight with it, and ``abort_own`` aborts the upload left behind (the
-  object never appears); without ``abort_own`` (no signing client to find the upload) the
+  object never appears; if that fails, it is logged and the daemon's clean-up of old uploads
+  aborts it later); without ``abort_own`` (no signing client to find the upload) the
   upload goes on to its next read, which fails, and obstore aborts it itself (slower: the
   parts in flight are sent first);
 * if the end has been read, the completion may be under way: the upload is let finish, and
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import errno
 import io
+import logging
 import os
 import threading
 from collections.abc import Callable
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 __all__ = ["POLL_S", "StoppableFile", "stoppable_multipart"]
+
+log = logging.getLogger(__name__)
 
 #: how often a running upload looks at its cancel
 POLL_S = 0.02
@@ -137,5 +141,13 @@ def stoppable_multipart(
     finally:
         src.close()
     if res is None and abort_own is not None:
-        abort_own()
+        try:
+            abort_own()
+        except Exception as exc:  # the put is stopped all the same: it can never complete
+            log.warning(
+                "%s: could not abort a stopped upload (its parts stay until the next mount's "
+                "clean-up of uploads older than an hour): %s",
+                key,
+                exc,
+            )
     return res
