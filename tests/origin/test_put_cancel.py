@@ -202,3 +202,23 @@ def test_a_failed_abort_of_a_stopped_upload_still_stops_the_put(
     assert "could not abort a stopped upload" in caplog.text
     with pytest.raises(FileNotFoundError):
         obstore.head(store, "f.bin")
+
+
+def test_the_end_of_the_file_is_known_at_its_short_last_read(tmp_path: Path) -> None:
+    """A reader that stops asking once it has a short read (no last empty read) has read the
+    end: the file no longer refuses (the upload may be completing)."""
+    src, data = source(tmp_path, 12 * MiB)
+    f = StoppableFile(Path(src))
+    try:
+        assert f.read(5 * MiB) + f.read(5 * MiB) == data[: 10 * MiB]
+        assert not f.eof
+        assert f.read(5 * MiB) == data[10 * MiB :]
+        assert f.eof and not f.refuse()
+        g = StoppableFile(Path(src))
+        g.read(5 * MiB)
+        assert g.refuse()  # before the end: refused, and every later read fails
+        with pytest.raises(OSError):
+            g.read(5 * MiB)
+        g.close()
+    finally:
+        f.close()

@@ -87,8 +87,8 @@ class StoppableFile(io.RawIOBase):
             if self.refused:
                 raise OSError(errno.ECANCELED, "upload cancelled")
             data = self._f.readall() if size < 0 else os.read(self._f.fileno(), size)
-            if not data:
-                self.eof = True
+            if size < 0 or len(data) < size:  # (a short read of a file: its end; never
+                self.eof = True  # relying on a reader asking once more for nothing)
             return data
 
     def readinto(self, b: WriteableBuffer) -> int:
@@ -96,7 +96,7 @@ class StoppableFile(io.RawIOBase):
             if self.refused:
                 raise OSError(errno.ECANCELED, "upload cancelled")
             n = self._f.readinto(b) or 0
-            if not n:
+            if n < memoryview(b).nbytes:
                 self.eof = True
             return n
 

@@ -210,8 +210,8 @@ class Writes:
         """One PUT (up to ``single_put_max``, conditional with ``cond``) or a multipart
         upload (never conditional) of ``body`` with ``attrs``; returns the new ETag. Raises
         obstore's exceptions, and :class:`PutCancelled` when ``cancel`` stopped it (checked
-        before a single PUT is sent; a multipart upload of a file reads it through
-        :class:`_StoppableFile`)."""
+        before a single PUT is sent; a multipart upload of a file is stopped as
+        :mod:`._stoppable` says)."""
         if cancel is not None:
             cancel.check(self.c.where(path))
         if size <= self.single_put_max:
