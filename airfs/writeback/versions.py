@@ -130,14 +130,12 @@ class Staged:
         """Journaled and not written since: its bytes are what its record describes."""
         return self.seq is not None and self.journaled_gen == self.gen
 
-    def cancel_upload(self) -> bool:
+    def cancel_upload(self) -> None:
         """Ask this version's running upload to stop before it publishes anything (it then
-        stays pending, as if it had not started); whether it was running."""
-        if not self.uploading:
-            return False
-        if self.put_cancel is not None:
+        stays pending, as if it had not started); nothing when none runs or its origin
+        cannot stop a put (``put_cancel`` None)."""
+        if self.uploading and self.put_cancel is not None:
             self.put_cancel.cancel()
-        return True
 
     def failed_since(self, attempts: int) -> bool:
         """Failed, for a reason retrying will not fix, in an attempt made after the count

@@ -56,20 +56,25 @@ def test_a_put_cancelled_before_it_starts_sends_nothing(
         o.stat("f.bin")
 
 
-def cancel_after_reads(monkeypatch: pytest.MonkeyPatch, c: PutCancel, n: int) -> list[int]:
-    """Set ``c`` once the upload has read ``n`` parts of its file (no timing)."""
+def on_reads(monkeypatch: pytest.MonkeyPatch, after: Callable[[list[int]], None]) -> list[int]:
+    """Call ``after(sizes)`` after each read of an upload's file (the sizes read so far):
+    a cancel at a chosen point, no timing. Returns the sizes."""
     reads: list[int] = []
     orig = StoppableFile.read
 
     def read(self: StoppableFile, size: int = -1) -> bytes:
         got = orig(self, size)
         reads.append(len(got))
-        if len(reads) == n:
-            c.cancel()
+        after(reads)
         return got
 
     monkeypatch.setattr(StoppableFile, "read", read)
     return reads
+
+
+def cancel_after_reads(monkeypatch: pytest.MonkeyPatch, c: PutCancel, n: int) -> list[int]:
+    """Set ``c`` once the upload has read ``n`` parts of its file."""
+    return on_reads(monkeypatch, lambda reads: c.cancel() if len(reads) == n else None)
 
 
 @pytest.mark.s3
@@ -128,15 +133,7 @@ def test_a_cancel_after_the_last_read_lets_the_upload_complete(
     o = small_parts(s3_origin_factory)
     src, data = source(tmp_path, 12 * MiB)
     c = PutCancel()
-    orig = StoppableFile.read
-
-    def read(self: StoppableFile, size: int = -1) -> bytes:
-        got = orig(self, size)
-        if not got:
-            c.cancel()
-        return got
-
-    monkeypatch.setattr(StoppableFile, "read", read)
+    on_reads(monkeypatch, lambda reads: c.cancel() if reads[-1] == 0 else None)
     e = o.put("f.bin", src, cancel=c)
     assert c.cancelled
     assert o.stat("f.bin").version == e.version
@@ -181,16 +178,13 @@ def test_a_failed_abort_of_a_stopped_upload_still_stops_the_put(
     store = MemoryStore()
     src, _ = source(tmp_path, 12 * MiB)
     c = PutCancel()
-    orig = StoppableFile.read
 
-    def read(self: StoppableFile, size: int = -1) -> bytes:
-        got = orig(self, size)
+    def first_read_cancels(reads: list[int]) -> None:
         if not c.cancelled:
             c.cancel()
             time.sleep(0.2)
-        return got
 
-    monkeypatch.setattr(StoppableFile, "read", read)
+    on_reads(monkeypatch, first_read_cancels)
 
     def abort() -> None:
         raise OSError("connection refused")

@@ -158,8 +158,6 @@ class Writes:
         ``mtime_ns`` None stores the time of the put. ``cancel`` (``Capabilities.cancel_puts``)
         is checked before the PUT is sent, and between the parts of a multipart upload."""
         where = self.c.where(path)
-        if cancel is not None:
-            cancel.check(where)
         if not path:
             raise IsADir(f"{where}: is a directory")
         try:
