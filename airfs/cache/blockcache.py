@@ -290,6 +290,7 @@ class CachedReadPath:
                 initial_window=self._initial_window,
                 max_window=self._max_window,
                 seek_tolerance=self._seek_tolerance,
+                align=self._fetcher.part_blocks * self._table.block_size,
             ),
         )
         cobj.readers.add(reader)

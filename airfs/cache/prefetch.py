@@ -21,13 +21,20 @@ How the window behaves
   of the reader, it requests more up to ``position + window``; every request after the first
   doubles the window first, up to ``max_window``. With the defaults the first prefetch is 1 MiB
   (on top of the block the first read itself needs), then 2, 4, ... 128 MiB.
+* **Alignment.** With ``align`` (the cache passes its part size), once the window is at
+  least ``align`` the horizon is rounded up to a multiple of ``align`` and the cache cuts
+  parts on the same grid (:func:`split_runs`), so every full part is one aligned range of
+  the object: an object store serves a range aligned to its own chunks and multipart parts
+  cheaper (SeaweedFS's 4 MiB chunks: a misaligned 8 MiB GET costs its server ~25% more CPU
+  and sends ~20% more bytes between its own processes; AWS advises GETs aligned to parts).
 * **Jumps.** While sequential, a read that lands within ``seek_tolerance`` behind the furthest
   position read, or anywhere up to ``seek_tolerance`` past what has already been requested,
   keeps the stream (concurrent kernel read-ahead requests arrive slightly out of order; readers
   skip small gaps). Anything further *resets* it: the window goes back to ``initial_window``,
   ``epoch`` is bumped (parts requested for the old position that have not started yet are
   abandoned by the cache), and the stream is random again until reads are contiguous.
-* **Backpressure.** A stream never requests more than ``window`` bytes past its reader, so a
+* **Backpressure.** A stream never requests more than ``window`` bytes (plus less than
+  ``align`` for the rounding) past its reader, so a
   reader that stops reading stops its prefetch. Across all readers, every part acquires its
   bytes from one :class:`ByteBudget` before it is fetched and releases them once the data is in
   the cache file; prefetch parts wait while the budget is spent, so memory held by fetches in
@@ -51,6 +58,7 @@ class Stream:
 
     __slots__ = (
         "ahead",
+        "align",
         "epoch",
         "initial_window",
         "last_end",
@@ -74,11 +82,16 @@ class Stream:
         max_window: int = 128 << 20,
         seek_tolerance: int = 4 << 20,
         min_run: int = 4 << 20,
+        align: int = 0,
     ) -> None:
         if initial_window <= 0 or max_window < initial_window:
             raise ValueError("need 0 < initial_window <= max_window")
         if min_run < 0:
             raise ValueError("need min_run >= 0")
+        if align < 0:
+            raise ValueError("need align >= 0")
+        #: Grid of the horizon once the window is at least this (0: none).
+        self.align = align
         self.initial_window = initial_window
         self.min_run = min_run
         self.max_window = max_window
@@ -140,7 +153,10 @@ class Stream:
         if self.requests:
             self.window = min(self.max_window, self.window * 2)
         start = max(self.ahead, pos)
-        new_ahead = min(limit, pos + self.window)
+        horizon = pos + self.window
+        if self.align and self.window >= self.align:
+            horizon = -(-horizon // self.align) * self.align
+        new_ahead = min(limit, horizon)
         if new_ahead <= start:
             return None
         self.ahead = new_ahead
@@ -213,15 +229,16 @@ class ByteBudget:
 def split_runs(
     b0: int, b1: int, per_part: int, skip: Callable[[int], bool]
 ) -> Iterator[tuple[int, int]]:
-    """Maximal runs of blocks in ``[b0, b1)`` for which ``skip(b)`` is false, each cut to at
-    most ``per_part`` blocks."""
+    """Maximal runs of blocks in ``[b0, b1)`` for which ``skip(b)`` is false, cut at every
+    multiple of ``per_part`` (so at most ``per_part`` blocks each, and a run that starts on
+    that grid and is not cut short covers one whole cell of it)."""
     b = b0
     while b < b1:
         if skip(b):
             b += 1
             continue
         e = b + 1
-        while e < b1 and e - b < per_part and not skip(e):
+        while e < b1 and e % per_part and not skip(e):
             e += 1
         yield b, e
         b = e

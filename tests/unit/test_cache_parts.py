@@ -338,6 +338,34 @@ async def test_a_small_file_fetched_whole_at_open_is_not_read_back(tmp_path: Pat
         assert rp.statistics().corrupt_blocks == 1
 
 
+async def test_a_sequential_cold_read_asks_the_origin_for_ranges_on_the_part_grid(
+    tmp_path: Path,
+) -> None:
+    """A sequential reader's parts are cut on the grid of the part size: no origin range
+    crosses a multiple of it, and all but the first few (the window's growth) and the object's
+    end are whole cells. Before, the window's growth left the parts 1 MiB off the grid (15,
+    23, 31... MiB): every 8 MiB GET spanned two chunks of the object store."""
+    part = 2 * MiB
+    mo = MemoryOrigin()
+    data = blob(37 * MiB + 5000, seed=3)
+    mo.put_bytes("big", data)
+    rec = Recording(mo)
+    async with cached(rec, tmp_path, part_size=part) as rp:
+        obj = ref(mo, "big")
+        r = rp.open(obj)
+        got = bytearray()
+        for off in range(0, obj.size, 128 * KiB):
+            got += await r.read(off, min(128 * KiB, obj.size - off))
+        r.close()
+    assert got == data
+    ranges = sorted((o, n) for _, o, n in rec.ranges)
+    assert sum(n for _, n in ranges) == len(data)  # each byte once
+    for o, n in ranges:
+        assert o // part == (o + n - 1) // part, (o, n)
+    whole = [(o, n) for o, n in ranges if o >= 4 * MiB and o + n < len(data) - part]
+    assert whole and all(o % part == 0 and n == part for o, n in whole)
+
+
 class Gate:
     """Wraps an origin; reads of ``held`` block until :meth:`open` (counted in ``blocked``)."""
 

@@ -112,10 +112,42 @@ def test_active_range_covers_position_and_horizon() -> None:
     assert r.active_range() == (5 * MiB, 5 * MiB + 100)
 
 
-def test_split_runs() -> None:
+def test_split_runs_cuts_on_the_grid_of_the_part_size() -> None:
     present = {2, 3, 7}
     runs = list(split_runs(0, 12, 3, lambda b: b in present))
-    assert runs == [(0, 2), (4, 7), (8, 11), (11, 12)]
+    assert runs == [(0, 2), (4, 6), (6, 7), (8, 9), (9, 12)]
+    # a span that starts between grid lines reaches the next one first, then whole cells
+    assert list(split_runs(5, 17, 4, lambda b: False)) == [(5, 8), (8, 12), (12, 16), (16, 17)]
+
+
+@pytest.mark.parametrize("step", [128 << 10, 1 * MiB, 3 * MiB + 4096])
+def test_an_aligned_stream_keeps_its_horizon_on_the_grid(step: int) -> None:
+    """With ``align``, once the window has reached it every horizon is a multiple of it (or
+    the end of the object), nothing is requested twice, and the stream is never more than a
+    window plus one cell ahead of its reader."""
+    cell, limit = 8 * MiB, 700 * MiB + 12345
+    s = Stream(initial_window=1 * MiB, max_window=64 * MiB, align=cell)
+    spans = []
+    for off in range(0, limit, step):
+        n = min(step, limit - off)
+        span = s.on_read(off, n, limit)
+        if span is not None:
+            spans.append((span, s.window))
+            assert span[1] - (off + n) <= s.window + cell
+    assert spans[-1][0][1] == limit
+    for ((_, e), _), ((b, _), _) in itertools.pairwise(spans):
+        assert b >= e  # a read past the horizon (big reads, small window) leaves a gap
+    grown = [e for (_, e), window in spans if window >= cell]
+    assert grown and all(e % cell == 0 or e == limit for e in grown)
+    # without align the same reads end between grid lines
+    plain = Stream(initial_window=1 * MiB, max_window=64 * MiB)
+    ends = [sp[1] for sp in sequential(plain, limit, step, limit)]
+    assert any(e % cell for e in ends[:-1])
+
+
+def test_align_must_not_be_negative() -> None:
+    with pytest.raises(ValueError):
+        Stream(align=-1)
 
 
 async def test_budget_blocks_until_released() -> None:
