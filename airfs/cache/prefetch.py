@@ -18,15 +18,19 @@ How the window behaves
   prefetch: they fetch only the blocks they touch.
 * **Growth.** A sequential stream keeps ``window`` bytes requested ahead of its read position
   (``ahead`` is the end of what it has requested). When less than half a window is left ahead
-  of the reader, it requests more up to ``position + window``; every request after the first
-  doubles the window first, up to ``max_window``. With the defaults the first prefetch is 1 MiB
-  (on top of the block the first read itself needs), then 2, 4, ... 128 MiB.
-* **Alignment.** With ``align`` (the cache passes its part size), once the window is at
-  least ``align`` the horizon is rounded up to a multiple of ``align`` and the cache cuts
-  parts on the same grid (:func:`split_runs`), so every full part is one aligned range of
-  the object: an object store serves a range aligned to its own chunks and multipart parts
-  cheaper (SeaweedFS's 4 MiB chunks: a misaligned 8 MiB GET costs its server ~25% more CPU
-  and sends ~20% more bytes between its own processes; AWS advises GETs aligned to parts).
+  of the reader, it requests more up to ``position + window``. The window doubles, up to
+  ``max_window``, each time the reader has read half a window since it last grew (or since
+  the first request). With the defaults the first prefetch is 1 MiB (on top of the block the
+  first read itself needs), then 2, 4, ... 128 MiB.
+* **Cells.** With ``align`` (the cache passes its part size), once the window is at least
+  ``align`` the stream works in whole cells of an ``align`` grid: the horizon is rounded up
+  to a multiple of ``align``, and it is topped up as soon as one whole cell of the window is
+  free (not at half a window), so the window stays full while the reader moves instead of
+  being fetched in waves that all finish at once; the cache cuts parts on the same grid
+  (:func:`split_runs`). Every full part is then one aligned range of the object, which an
+  object store serves cheaper (SeaweedFS keeps 4 MiB chunks: a misaligned 8 MiB GET costs
+  its server a quarter more CPU and 20% more bytes between its own processes; AWS advises
+  ranged GETs aligned to the parts of a multipart object).
 * **Jumps.** While sequential, a read that lands within ``seek_tolerance`` behind the furthest
   position read, or anywhere up to ``seek_tolerance`` past what has already been requested,
   keeps the stream (concurrent kernel read-ahead requests arrive slightly out of order; readers
@@ -60,6 +64,7 @@ class Stream:
         "ahead",
         "align",
         "epoch",
+        "grown_at",
         "initial_window",
         "last_end",
         "last_offset",
@@ -107,6 +112,8 @@ class Stream:
         self.epoch = 0
         self.resets = 0
         self.requests = 0
+        #: Where the reader was when the window last grew (or its first request).
+        self.grown_at = 0
         self.max_window_seen = 0
         self.last_offset = 0
         self.last_end = 0
@@ -148,17 +155,26 @@ class Stream:
             self.ahead = max(self.ahead, end)
         pos = end if nxt is None else max(nxt, end)
         self.next_offset = pos
-        if self.ahead >= limit or self.ahead - pos >= self.window // 2:
+        if self.ahead >= limit:
             return None
-        if self.requests:
+        if self.requests and pos - self.grown_at >= self.window // 2:
             self.window = min(self.max_window, self.window * 2)
+            self.grown_at = pos
+        cell = self.align if self.align and self.window >= self.align else 0
+        if cell:
+            if self.ahead - pos > self.window - cell:
+                return None  # not a whole cell of the window free yet
+        elif self.ahead - pos >= self.window // 2:
+            return None
         start = max(self.ahead, pos)
         horizon = pos + self.window
-        if self.align and self.window >= self.align:
-            horizon = -(-horizon // self.align) * self.align
+        if cell:
+            horizon = -(-horizon // cell) * cell
         new_ahead = min(limit, horizon)
         if new_ahead <= start:
             return None
+        if not self.requests:
+            self.grown_at = pos
         self.ahead = new_ahead
         self.requests += 1
         self.max_window_seen = max(self.max_window_seen, self.window)

@@ -145,6 +145,35 @@ def test_an_aligned_stream_keeps_its_horizon_on_the_grid(step: int) -> None:
     assert any(e % cell for e in ends[:-1])
 
 
+def test_an_aligned_stream_tops_its_window_up_cell_by_cell() -> None:
+    """Once the window has grown to a cell, the stream asks for the next cell as soon as one
+    whole cell of its window is free, so a reader moving through its window keeps the window
+    full: never less than the window minus one cell (and one read) ahead of it. With the
+    half-window rule the stream let the reader eat half its window before asking again, and
+    asked for it all at once: on an origin with a per-request cost the parts of each request
+    then ran together and finished together, in waves (a cold read from a slow POSIX origin
+    ran at 400 MiB/s against 520 before the parts were aligned, 705 with the top-up)."""
+    cell, step, limit = 8 * MiB, 128 << 10, 1 << 40
+    s = Stream(initial_window=1 * MiB, max_window=64 * MiB, align=cell)
+    sizes = []
+    for off in range(0, 600 * MiB, step):
+        span = s.on_read(off, step, limit)
+        if span is not None and s.window >= cell:
+            sizes.append(span[1] - span[0])
+        if s.window == s.max_window:
+            assert s.ahead - (off + step) >= s.window - cell - step
+    assert s.window == 64 * MiB
+    steady = sizes[len(sizes) // 2 :]
+    assert steady and set(steady) == {cell}  # one cell at a time
+    # the growth is the half-window rule's: the window reached its cap within the same reads
+    plain = Stream(initial_window=1 * MiB, max_window=64 * MiB)
+    grown = Stream(initial_window=1 * MiB, max_window=64 * MiB, align=cell)
+    for off in range(0, 100 * MiB, step):
+        plain.on_read(off, step, limit)
+        grown.on_read(off, step, limit)
+    assert plain.window == grown.window == 64 * MiB
+
+
 def test_align_must_not_be_negative() -> None:
     with pytest.raises(ValueError):
         Stream(align=-1)
