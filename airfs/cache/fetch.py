@@ -57,6 +57,7 @@ from .store import (
     checksums,
     copy_into,
     create_file,
+    create_whole,
     write_all,
 )
 
@@ -479,6 +480,13 @@ class Fetcher:
         read at ``start`` (also what stores the bytes of :meth:`store_given`)."""
         new_fd = -1
         try:
+            if create and store and start == 0 and len(data) == size:
+                # the whole object: created and written in one go (no ftruncate, fallocate)
+                crcs = checksums(data, self._cs)
+                new_fd, failed = create_whole(create, data, size)
+                if failed is not None:
+                    raise failed
+                return data, crcs, new_fd
             if create:
                 fd = new_fd = create_file(create, size)
             if fd < 0:

@@ -20,7 +20,7 @@ from ..origin.base import Conflict, Origin, OriginError
 from .fetch import Fetcher, FetchKind, Part
 from .objects import ObjectTable
 from .stats import Counters
-from .store import PRESENT, CachedObject, allocate, checksums, create_file, write_all
+from .store import PRESENT, CachedObject, checksums, create_whole
 
 __all__ = ["WholeBatches", "WholeFetch", "fetch_wholes"]
 
@@ -66,13 +66,13 @@ def fetch_wholes(origin: Origin, chunk_size: int, items: list[WholeFetch]) -> No
         if not it.create:
             it.data = data
             continue
+        crcs = checksums(data, chunk_size)
         try:
-            it.fd = create_file(it.create, it.size)
-            crcs = checksums(data, chunk_size)
-            allocate(it.fd, 0, len(data))
-            write_all(it.fd, data, 0)
+            it.fd, failed = create_whole(it.create, data, it.size)
         except OSError as exc:
-            log.warning("cache: write to cache file of %s failed: %s", it.path, exc)
+            failed = exc
+        if failed is not None:
+            log.warning("cache: write to cache file of %s failed: %s", it.path, failed)
             it.data = data
             continue
         it.crcs = crcs

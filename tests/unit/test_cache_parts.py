@@ -20,6 +20,7 @@ import trio
 from crc32c import crc32c
 
 import airfs.cache.fetch as fetch_mod
+import airfs.cache.store as store_mod
 from airfs.cache import CachedReadPath
 from airfs.cache.direct import DirectWriter
 from airfs.cache.fetch import INLINE_WRITE_MAX
@@ -219,6 +220,39 @@ async def test_the_stored_checksums_are_crc32c_of_the_bytes(tmp_path: Path) -> N
         crc32c(data[i : i + cs]).to_bytes(4, "little") for i in range(0, obj.size, cs)
     )
     assert crcs == want
+
+
+async def test_chunk_checksums_never_give_the_gil_away(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every CRC-32C of a chunk -- of a fetched part (a worker thread) and of a cached read
+    verified on the trio loop -- keeps the GIL (``gil_release_mode=0``). A chunk takes a few
+    microseconds; by default ``crc32c`` releases the GIL for it, and taking it back then waits
+    for whichever thread holds it, up to the 5 ms switch interval: on the loop, a cached read
+    stalled behind the fetches' Python work."""
+    calls: list[tuple[int, Any]] = []
+    real = store_mod.crc32c
+
+    def recorded(data: Any, *args: Any, **kw: Any) -> int:
+        calls.append((threading.get_ident(), kw.get("gil_release_mode")))
+        return real(data, *args, **kw)
+
+    monkeypatch.setattr(store_mod, "crc32c", recorded)
+    mo = MemoryOrigin()
+    data = blob(1 * MiB, seed=8)
+    mo.put_bytes("f", data)
+    obj = ref(mo, "f")
+    async with cached(mo, tmp_path) as rp:
+        r = rp.open(obj)
+        assert await r.read(0, obj.size) == data  # fetched: checksummed in a worker
+        fetched = len(calls)
+        assert await r.read(0, 256 * KiB) == data[: 256 * KiB]  # a hit, verified
+        r.close()
+        assert rp.statistics().hit_bytes == 256 * KiB
+    loop = threading.get_ident()
+    assert fetched == 16 and any(t != loop for t, _ in calls[:fetched])
+    assert len(calls) == 20 and all(t == loop for t, _ in calls[fetched:])
+    assert {mode for _, mode in calls} == {0}
 
 
 async def test_a_cache_of_the_old_checksum_is_wiped_cleanly(tmp_path: Path) -> None:

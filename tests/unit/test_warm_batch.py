@@ -6,6 +6,7 @@ its own (a transient one retried), a read of it during the batch served once."""
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import random
 from collections.abc import AsyncIterator
@@ -16,6 +17,7 @@ from typing import Any
 import pytest
 import trio
 
+import airfs.cache.store as store_mod
 import airfs.cache.wholes as wholes_mod
 from airfs.cache import CachedReadPath
 from airfs.core.readpath import ObjectRef
@@ -184,3 +186,76 @@ async def test_a_read_during_the_batch_waits_for_it(
                 assert await read_all(rp, refs[3]) == files["f3"]
         assert out == [64 * KiB] * 4 and jobs.sizes == [4]
         assert sorted(p for p, _, _ in slow.ranges) == sorted(files)  # each read once
+
+
+class DiskFull:
+    """``airfs.cache.store.write_all`` that writes half of its ``nth`` call's bytes, then fails
+    as a full disk does (``ENOSPC``); every other call writes as usual."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, nth: int) -> None:
+        self.calls, self.nth = 0, nth
+        self._real = store_mod.write_all
+        monkeypatch.setattr(store_mod, "write_all", self)
+
+    def __call__(self, fd: int, data: bytes | memoryview, offset: int) -> None:
+        self.calls += 1
+        if self.calls != self.nth:
+            self._real(fd, data, offset)
+            return
+        half = memoryview(data)[: len(data) // 2]
+        self._real(fd, half, offset)
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_whole_file_whose_write_fails_is_left_at_its_full_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """:func:`airfs.cache.store.create_whole` reports a failed write instead of raising it,
+    and leaves the file as :func:`~airfs.cache.store.create_file` would: ``size`` bytes
+    (later parts are written at their offsets, never extending it)."""
+    data = blob(150 * KiB, seed=5)
+    ok = tmp_path / "ok"
+    fd, failed = store_mod.create_whole(str(ok), data, len(data))
+    try:
+        assert failed is None and os.pread(fd, len(data) + 1, 0) == data
+    finally:
+        os.close(fd)
+    DiskFull(monkeypatch, nth=1)
+    fd, failed = store_mod.create_whole(str(tmp_path / "full"), data, len(data))
+    try:
+        assert isinstance(failed, OSError) and failed.errno == errno.ENOSPC
+        assert os.fstat(fd).st_size == len(data)
+        assert os.pread(fd, len(data), 0)[: len(data) // 2] == data[: len(data) // 2]
+    finally:
+        os.close(fd)
+
+
+async def test_a_file_of_a_batch_that_cannot_be_written_is_that_files_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache file of one file of a batch fails half way (a full disk): that file's bytes
+    are not committed (nothing of it is served from the cache file), the batch's other files
+    are, and a read of the failed one returns its bytes (from the origin again)."""
+    mo = MemoryOrigin()
+    files = {f"f{i}": blob(120 * KiB, seed=60 + i) for i in range(5)}
+    for k, v in files.items():
+        mo.put_bytes(k, v)
+    refs = [ref(mo, k) for k in files]
+    jobs = Jobs(monkeypatch)
+    full = DiskFull(monkeypatch, nth=3)  # the batch writes f0, f1, f2...: f2 fails
+    async with cached(mo, tmp_path) as rp:
+        assert await rp.warm_many(refs) == [120 * KiB] * 5
+        assert jobs.sizes == [5] and full.calls == 5
+        st = rp.statistics()
+        assert st.origin_requests == 5 and st.uncached_bytes == 120 * KiB
+        for i, o in enumerate(refs):
+            lf = await rp.local_file(o)  # complete and verified, or None
+            assert (lf is None) == (i == 2), o.path
+            if lf is not None:
+                lf.release()
+        assert await read_all(rp, refs[2]) == files["f2"]
+        assert rp.statistics().origin_requests == 6
+    async with cached(mo, tmp_path) as rp:  # a restart: the four are cached, f2 too now
+        for o in refs:
+            assert await read_all(rp, o) == files[o.path], o.path
+        assert rp.statistics().origin_requests == 0
