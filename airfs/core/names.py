@@ -10,6 +10,8 @@ import os
 import stat
 import time
 
+import trio
+
 from airfs.origin.base import (
     SPECIAL_KINDS,
     Entry,
@@ -19,6 +21,7 @@ from airfs.origin.base import (
     split,
 )
 from airfs.writeback import unsure
+from airfs.writeback.staging import PathState
 
 from .attrs import Attr, kind_of_mode
 from .base import ADOPT_MAX, Core, counted
@@ -31,6 +34,8 @@ from .readpath import ObjectRef
 
 #: an unlinked staged file of this many bytes or more is deleted before the unlink answers
 FREE_AT_ONCE = 1 << 20
+#: origin ``stat``s at once when a renamed directory's staged files are rebased
+REBASE_JOBS = 16
 
 log = logging.getLogger(__name__)
 
@@ -278,17 +283,32 @@ class Names:
         replace a committed version now replace what the rename put at their new names
         (an S3 rename copies each object, and a copy may get a new version tag: AWS gives
         the copy of a multipart object one); else their commits would lose a conflict
-        with their own old bytes. One origin ``stat`` per such file."""
-        for st in self.core.area.under(new):
-            ps = st.ps
-            if ps is None or ps.base is None or (path := ps.path) is None:
-                continue
+        with their own old bytes. One origin ``stat`` per such file, up to
+        :data:`REBASE_JOBS` at once. Never raises (the origin has renamed already): a file
+        whose ``stat`` fails is logged and keeps its old base, so its commit loses a
+        conflict and its bytes are kept in ``conflicts/``, reported, never lost."""
+        todo = [
+            (ps, path)
+            for st in self.core.area.under(new)
+            if (ps := st.ps) is not None and ps.base is not None and (path := ps.path)
+        ]
+        limit = trio.CapacityLimiter(REBASE_JOBS)
+
+        async def rebase(ps: PathState, path: str) -> None:
             try:
-                entry = await self.core.origin.stat(path)
+                async with limit:
+                    entry = await self.core.origin.stat(path)
             except NotFound:
-                continue
+                return
+            except OSError as exc:  # OriginError too
+                log.warning("%s: version after the rename unknown (%s): kept as it was", path, exc)
+                return
             if ps.path == path:  # (not moved or deleted meanwhile)
                 self.core.area.rebase(ps, entry.version)
+
+        async with trio.open_nursery() as nursery:
+            for ps, path in todo:
+                nursery.start_soon(rebase, ps, path)
 
     def _name_nodes(self, *paths: str) -> list[Node]:
         """The distinct inodes bound at ``paths``, in inode order (the order their locks are

@@ -7,10 +7,12 @@ direct read path, a staging area in ``tmp_path`` and an uploader in a nursery.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import threading
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -864,3 +866,84 @@ async def test_a_directory_renamed_by_copies_keeps_its_staged_rewrites_committab
         assert c.origin_bytes("e/f") == b"two"
         s = c.uploader.statistics()
         assert (s.conflicts, s.errors) == ((), 0)
+
+
+class SlowStats(CopyingRename):
+    """:class:`CopyingRename` whose ``stat`` of a path under ``e/`` takes 0.1 s while
+    ``watch`` is set, counting how many such stats run at once; a path in ``fail`` fails."""
+
+    def __init__(self, inner: MemoryOrigin) -> None:
+        super().__init__(inner)
+        self.watch, self.now, self.most = False, 0, 0
+        self.fail: set[str] = set()
+        self._lock = threading.Lock()
+
+    def stat(self, path: str) -> Any:
+        if not (self.watch and path.startswith("e/")):
+            return self.inner.stat(path)
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+        try:
+            time.sleep(0.1)
+            if path in self.fail:
+                raise PermissionError(errno.EACCES, "denied (injected)", path)
+            return self.inner.stat(path)
+        finally:
+            with self._lock:
+                self.now -= 1
+
+
+@pytest.mark.expect_log(r"commit lost a conflict: e/d/g")
+async def test_a_renamed_directory_rebases_its_staged_rewrites_at_once(tmp_path: Path) -> None:
+    """The staged rewrites of a renamed directory are rebased with concurrent origin stats
+    (not one after another: a directory of many rewritten files on a remote store waited a
+    round trip per file); every rewrite then commits over its copy. A stat that fails is the
+    rename's error as itself (not an exception group), after the other files are rebased."""
+    n = 6
+    async with running_core(tmp_path, wrap=SlowStats) as c:
+        await c.fs.mkdir(ROOT_INO, "d", 0o755)
+        d = await c.ino("d")
+        for i in range(n):
+            await c.write_file(f"f{i}", b"one", parent=d)
+        await c.flush()
+        handles = []
+        for i in range(n):
+            fh, _ = await c.fs.open(await c.ino(f"d/f{i}"), W | os.O_TRUNC)
+            await c.fs.write(fh, 0, f"two{i}".encode())
+            handles.append(fh)
+        c.origin.watch = True
+        await c.fs.rename(ROOT_INO, "d", ROOT_INO, "e")
+        c.origin.watch = False
+        assert c.origin.most > 1  # concurrent (16 at most)
+        for fh in handles:
+            await c.fs.release(fh)
+        await c.flush()
+        for i in range(n):
+            assert c.origin_bytes(f"e/f{i}") == f"two{i}".encode()
+        s = c.uploader.statistics()
+        assert (s.conflicts, s.errors) == ((), 0)
+        # a stat that fails after the origin has renamed: the rename still succeeds (the
+        # name moves); the file keeps its old base, loses its commit's conflict, and its
+        # bytes are kept and reported, not lost
+        await c.fs.mkdir(ROOT_INO, "d", 0o755)
+        d = await c.ino("d")
+        await c.write_file("g", b"one", parent=d)
+        await c.write_file("h", b"one", parent=d)
+        await c.flush()
+        handles = []
+        for name in ("g", "h"):
+            fh, _ = await c.fs.open(await c.ino(f"d/{name}"), W | os.O_TRUNC)
+            await c.fs.write(fh, 0, b"two")
+            handles.append(fh)
+        c.origin.watch, c.origin.fail = True, {"e/d/g"}
+        await c.fs.rename(ROOT_INO, "d", await c.ino("e"), "d")
+        c.origin.watch = False
+        assert (await c.fs.lookup(await c.ino("e/d"), "g")).size == 3
+        for fh in handles:
+            await c.fs.release(fh)
+        with contextlib.suppress(OSError):
+            await c.flush()
+        assert c.origin_bytes("e/d/h") == b"two"
+        (lost,) = c.uploader.statistics().conflicts
+        assert lost["path"] == "e/d/g" and Path(lost["kept"]).read_bytes() == b"two"
